@@ -1,0 +1,1 @@
+"""Approval requests and decisions (see issue: approvals bound to digests)."""

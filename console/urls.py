@@ -1,0 +1,11 @@
+from django.urls import path
+
+from console import views
+
+app_name = "console"
+
+urlpatterns = [
+    path("", views.queue, name="queue"),
+    path("tasks/<uuid:task_id>/", views.task_detail, name="task"),
+    path("tasks/<uuid:task_id>/<slug:control>/", views.task_control, name="task-control"),
+]

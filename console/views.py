@@ -1,0 +1,94 @@
+"""Server-rendered console pages. Reads go through selectors, writes through services."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from audit.models import TransitionEvent
+from console.access import can_operate, get_task_for_user
+from console.forms import ControlForm
+from tasks import selectors, services
+from tasks.exceptions import StaleVersion, TransitionNotAllowed
+from tasks.models import Checkpoint
+from tasks.states import State
+
+PAGE = 50
+
+
+@login_required
+def queue(request):
+    filters = selectors.TaskFilter(request.GET or None, queryset=selectors.visible_tasks(request.user))
+    tasks = filters.qs if filters.is_bound and filters.is_valid() else selectors.visible_tasks(request.user)
+    try:
+        before = UUID(request.GET.get("before", ""))
+    except ValueError:  # absent or mangled cursor: first page
+        before = None
+    if before:
+        tasks = tasks.filter(id__lt=before)
+    rows = list(tasks.select_related("tenant").order_by("-id")[: PAGE + 1])
+    query = request.GET.copy()
+    query.pop("before", None)
+    context = {
+        "filters": filters,
+        "tasks": rows[:PAGE],
+        "next_before": rows[PAGE - 1].id if len(rows) > PAGE else None,
+        "query": query.urlencode(),
+        "states": State,
+    }
+    return render(request, "console/queue.html", context)
+
+
+@login_required
+def task_detail(request, task_id):
+    task = get_task_for_user(request.user, task_id)
+    controls = []
+    if can_operate(request.user, task):
+        triggers = {move["trigger"] for move in selectors.allowed_moves(request.user, task)}
+        controls = [name for name, trigger in services.CONTROLS.items() if trigger in triggers]
+    context = {
+        "task": task,
+        "events": TransitionEvent.objects.filter(task=task).order_by("-state_version")[:200],
+        "checkpoints": Checkpoint.objects.filter(task=task).order_by("-state_version")[:20],
+        "controls": controls,
+        "form": ControlForm(initial={"expected_version": task.state_version}),
+        "ledger": selectors.ledger_summary(task),
+    }
+    return render(request, "console/task_detail.html", context)
+
+
+@login_required
+@require_POST
+def task_control(request, task_id, control):
+    if control not in services.CONTROLS:
+        raise Http404("No such control")
+    task = get_task_for_user(request.user, task_id)
+    if not can_operate(request.user, task):
+        raise PermissionDenied
+    form = ControlForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "A reason is required: " + "; ".join(
+            f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()))
+        return redirect("console:task", task_id=task.id)
+    data = {key: value for key, value in form.cleaned_data.items() if value not in ("", None)}
+    try:
+        result = services.task_control(
+            task, control, user=request.user, roles=selectors.roles_in(request.user, task), **data
+        )
+    except StaleVersion as exc:
+        messages.error(request, f"This task changed since you opened it (it is now {exc.state}, "
+                                f"version {exc.state_version}). Review it and try again.")
+    except TransitionNotAllowed as exc:
+        messages.error(request, f"Not possible: {exc}")
+    else:
+        if result.applied:
+            messages.success(request, f"{control.title()} applied; the task is now {result.task.state}.")
+        else:
+            messages.info(request, f"Nothing to do: the task is already {result.task.state}.")
+    return redirect("console:task", task_id=task.id)

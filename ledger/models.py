@@ -1,0 +1,56 @@
+"""The action ledger: one row per intended side effect.
+
+An ``Action`` is committed by the transition primitive in the same
+transaction as the state change that intends it (the outbox). Its
+``idempotency_key`` is deterministic, so re-deciding the same step of the
+same task can never produce a second, different effect.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class DispatchState(models.TextChoices):
+    INTENDED = "intended"
+    DISPATCHING = "dispatching"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+    RECONCILED_SUCCEEDED = "reconciled_succeeded"
+    RECONCILED_FAILED = "reconciled_failed"
+    RECONCILED_ABSENT = "reconciled_absent"
+
+
+class Action(models.Model):
+    task = models.ForeignKey("tasks.Task", on_delete=models.PROTECT, related_name="actions")
+    step = models.CharField(max_length=64)
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    connector = models.CharField(max_length=64)
+    effect = models.JSONField()  # validated by the connector's effect model
+    effect_digest = models.CharField(max_length=64)
+    dispatch_state = models.CharField(
+        max_length=24, choices=DispatchState.choices, default=DispatchState.INTENDED
+    )
+    outcome = models.JSONField(null=True, blank=True)  # what the authoritative system said
+    external_ref = models.CharField(max_length=200, blank=True, default="")
+    attempts = models.PositiveIntegerField(default=0)
+    compensation_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="compensations"
+    )
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            # The dispatcher's claim query: intents not yet sent, oldest first.
+            models.Index(
+                fields=["created_at"],
+                condition=Q(dispatch_state="intended"),
+                name="action_intended",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.connector} {self.idempotency_key} [{self.dispatch_state}]"

@@ -1,0 +1,355 @@
+"""REST endpoints for tasks. Thin: parse, scope by tenant, call one service, render."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from audit.models import TransitionEvent
+from ledger.models import Action
+from tasks import checkpoints, registry, selectors, services
+from tasks.models import Checkpoint, Task
+from tasks.states import ActorKind, State
+from tasks.transitions import Actor
+from tenancy.models import Role
+from tenancy.selectors import tenant_ids_for, tenants_for
+
+MAX_VERSION = 2**31 - 1
+CREATE_ROLES = (Role.OPERATOR, Role.ADMIN)
+
+
+def _no_nul(value: Any, where: str = "input") -> None:
+    """PostgreSQL text and jsonb cannot hold NUL; refuse it as bad input, not a 500."""
+    if isinstance(value, str) and "\x00" in value:
+        raise serializers.ValidationError(f"{where}: NUL characters are not allowed")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _no_nul(key, where)
+            _no_nul(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _no_nul(item, f"{where}[{index}]")
+
+
+class Pages(CursorPagination):
+    """Keyset pagination: pages stay fast at any depth, and a bad cursor is a 400."""
+
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+    def decode_cursor(self, request):
+        try:
+            return super().decode_cursor(request)
+        except NotFound:
+            raise ValidationError({"cursor": ["Invalid cursor."]}) from None
+
+
+class NewestFirst(Pages):
+    ordering = "-id"  # ids are time-ordered UUIDs
+
+
+class ByVersion(Pages):
+    ordering = "state_version"
+
+
+class OldestFirst(Pages):
+    ordering = "id"
+
+
+class TaskSummary(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = Task
+        fields = [
+            "id", "tenant", "task_type", "objective", "state", "state_version", "state_reason", "region",
+            "attempt", "escalation_level", "deadline", "wait_deadline", "created_at", "updated_at",
+            "state_entered_at",
+        ]
+        read_only_fields = fields
+
+
+class TaskDetail(TaskSummary):
+    owner = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    runtime_config = serializers.SerializerMethodField()
+    escalation = serializers.SerializerMethodField()
+    lease = serializers.SerializerMethodField()
+    pending_approvals = serializers.SerializerMethodField()
+    ledger = serializers.SerializerMethodField()
+    allowed_transitions = serializers.SerializerMethodField()
+
+    class Meta(TaskSummary.Meta):
+        fields = TaskSummary.Meta.fields + [
+            "owner", "parent", "input", "outcome", "idempotency_key", "policy_version", "runtime_config",
+            "escalation", "lease", "pending_approvals", "ledger", "allowed_transitions",
+        ]
+        read_only_fields = fields
+
+    def get_runtime_config(self, task: Task) -> dict[str, str]:
+        return {"model": task.model_id, "prompt": task.prompt_id, "tool_set": task.toolset_id}
+
+    def get_escalation(self, task: Task) -> dict[str, Any]:
+        return {"level": task.escalation_level, "to": task.escalated_to, "reason": task.escalation_reason}
+
+    def get_lease(self, task: Task) -> None:
+        return None  # leases arrive with the workers
+
+    def get_pending_approvals(self, task: Task) -> list[Any]:
+        return []  # approval requests arrive with the approvals app
+
+    def get_ledger(self, task: Task) -> dict[str, int]:
+        return selectors.ledger_summary(task)
+
+    def get_allowed_transitions(self, task: Task) -> list[dict[str, str]]:
+        return selectors.allowed_moves(self.context["request"].user, task)
+
+
+class EventOut(serializers.ModelSerializer):
+    class Meta:
+        model = TransitionEvent
+        fields = [
+            "state_version", "from_state", "to_state", "trigger", "actor_kind", "actor_id", "reason",
+            "reason_code", "attempt", "policy_version", "parent_id", "trace_id", "created_at", "prev_hash", "hash",
+        ]
+        read_only_fields = fields
+
+
+class CheckpointOut(serializers.ModelSerializer):
+    document = serializers.SerializerMethodField()
+    readable = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Checkpoint
+        fields = ["state_version", "schema_version", "codec", "created_at", "readable", "document"]
+        read_only_fields = fields
+
+    def _decoded(self, row: Checkpoint) -> dict[str, Any]:
+        cache = self.__dict__.setdefault("_decoded_rows", {})
+        if row.pk not in cache:
+            try:
+                document = checkpoints.decode(row.body, row.schema_version).model_dump(mode="json")
+                cache[row.pk] = {"ok": True, "document": document}
+            except checkpoints.CheckpointUnreadable as exc:
+                cache[row.pk] = {"ok": False, "document": {"reason": exc.reason, "detail": exc.detail}}
+        return cache[row.pk]
+
+    def get_readable(self, row: Checkpoint) -> bool:
+        return self._decoded(row)["ok"]
+
+    def get_document(self, row: Checkpoint) -> dict[str, Any]:
+        return self._decoded(row)["document"]
+
+
+class ActionOut(serializers.ModelSerializer):
+    class Meta:
+        model = Action
+        fields = [
+            "id", "step", "idempotency_key", "connector", "effect", "effect_digest", "dispatch_state", "outcome",
+            "external_ref", "attempts", "compensation_of", "created_at", "updated_at",
+        ]
+        read_only_fields = fields
+
+
+CONFLICT = OpenApiResponse(
+    inline_serializer(
+        "Conflict",
+        {
+            "detail": serializers.CharField(),
+            "code": serializers.CharField(),
+            "state": serializers.CharField(allow_null=True),
+            "state_version": serializers.IntegerField(allow_null=True),
+        },
+    ),
+    description="Stale expected_version, or no such transition from the current state",
+)
+
+
+class TaskCollectionApi(APIView):
+    class CreateInput(serializers.Serializer):
+        task_type = serializers.ChoiceField(choices=[])
+        objective = serializers.CharField(max_length=5000)
+        input = serializers.JSONField(default=dict)
+        deadline = serializers.DateTimeField(required=False, allow_null=True)
+        idempotency_key = serializers.CharField(max_length=200, required=False, allow_blank=False)
+        tenant = serializers.SlugField(required=False, help_text="Needed when you may start tasks in several")
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.fields["task_type"].choices = registry.names()
+
+        def validate_input(self, value: Any) -> dict[str, Any]:
+            if not isinstance(value, dict):
+                raise serializers.ValidationError("Expected a JSON object.")
+            _no_nul(value)
+            return value
+
+    @extend_schema(
+        operation_id="tasks_list",
+        parameters=[
+            OpenApiParameter("state", str, enum=State.values, many=True),
+            OpenApiParameter("task_type", str, enum=registry.names()),
+            OpenApiParameter("tenant", str),
+            OpenApiParameter("cursor", str),
+            OpenApiParameter("page_size", int),
+        ],
+        responses={200: TaskSummary(many=True)},
+    )
+    def get(self, request: Request) -> Response:
+        filters = selectors.TaskFilter(request.query_params, queryset=selectors.visible_tasks(request.user))
+        if not filters.is_valid():
+            raise ValidationError(filters.errors)
+        pages = NewestFirst()
+        page = pages.paginate_queryset(filters.qs.select_related("tenant"), request, view=self)
+        return pages.get_paginated_response(TaskSummary(page, many=True).data)
+
+    @extend_schema(
+        operation_id="tasks_create",
+        request=CreateInput,
+        responses={
+            200: OpenApiResponse(TaskDetail, description="Same idempotency key: the task started before"),
+            201: TaskDetail,
+            400: OpenApiResponse(description="Field errors"),
+            403: OpenApiResponse(description="No operator or admin role in the tenant"),
+            409: OpenApiResponse(description="Idempotency key reused with a different request"),
+        },
+    )
+    def post(self, request: Request) -> Response:
+        body = self.CreateInput(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        tenant = self._tenant_for_create(request, data.get("tenant"))
+        try:
+            task, created = services.task_create(
+                tenant=tenant,
+                task_type=data["task_type"],
+                objective=data["objective"],
+                input=data["input"],
+                deadline=data.get("deadline"),
+                idempotency_key=data.get("idempotency_key"),
+                owner=request.user,
+                actor=Actor.user(request.user, ActorKind.INTEGRATOR),
+            )
+        except services.InvalidTaskInput as exc:
+            raise ValidationError({"input": exc.errors}) from None
+        except services.IdempotencyConflict as exc:
+            return Response(
+                {"detail": str(exc), "code": "idempotency_conflict", "task": str(exc.task.id)},
+                status=status.HTTP_409_CONFLICT,
+            )
+        out = TaskDetail(task, context={"request": request}).data
+        return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @staticmethod
+    def _tenant_for_create(request: Request, slug: str | None):
+        allowed = tenants_for(request.user, CREATE_ROLES)
+        if slug:
+            if not tenant_ids_for(request.user):
+                raise PermissionDenied("You belong to no tenant.")
+            tenant = allowed.filter(slug=slug).first()
+            if tenant is None:
+                # A tenant you are not in does not exist, as far as you can tell.
+                if not tenants_for(request.user).filter(slug=slug).exists():
+                    raise ValidationError({"tenant": ["Unknown tenant."]})
+                raise PermissionDenied("Starting tasks needs the operator or admin role in that tenant.")
+            return tenant
+        choices = list(allowed[:2])
+        if not choices:
+            raise PermissionDenied("Starting tasks needs the operator or admin role in a tenant.")
+        if len(choices) > 1:
+            raise ValidationError({"tenant": ["You may start tasks in several tenants: name one."]})
+        return choices[0]
+
+
+class TaskDetailApi(APIView):
+    @extend_schema(operation_id="tasks_retrieve", responses={200: TaskDetail, 404: OpenApiResponse()})
+    def get(self, request: Request, task_id) -> Response:
+        task = selectors.get_visible_task(request.user, task_id)
+        return Response(TaskDetail(task, context={"request": request}).data)
+
+
+class _TaskHistoryApi(APIView):
+    """A paginated history list of one visible task."""
+
+    model: type = TransitionEvent
+    output: type[serializers.Serializer] = EventOut
+    pages: type[Pages] = ByVersion
+
+    def get(self, request: Request, task_id) -> Response:
+        task = selectors.get_visible_task(request.user, task_id)
+        pages = self.pages()
+        page = pages.paginate_queryset(self.model.objects.filter(task=task), request, view=self)
+        return pages.get_paginated_response(self.output(page, many=True).data)
+
+
+@extend_schema(operation_id="tasks_events", responses={200: EventOut(many=True), 404: OpenApiResponse()},
+               parameters=[OpenApiParameter("cursor", str)])
+class TaskEventsApi(_TaskHistoryApi):
+    pass
+
+
+@extend_schema(operation_id="tasks_checkpoints", responses={200: CheckpointOut(many=True), 404: OpenApiResponse()},
+               parameters=[OpenApiParameter("cursor", str)])
+class TaskCheckpointsApi(_TaskHistoryApi):
+    model, output = Checkpoint, CheckpointOut
+
+
+@extend_schema(operation_id="tasks_actions", responses={200: ActionOut(many=True), 404: OpenApiResponse()},
+               parameters=[OpenApiParameter("cursor", str)])
+class TaskActionsApi(_TaskHistoryApi):
+    model, output, pages = Action, ActionOut, OldestFirst
+
+
+class TaskControlApi(APIView):
+    """POST /api/tasks/{id}/{cancel,quarantine,release,retry,escalate}/"""
+
+    control = ""
+
+    class Input(serializers.Serializer):
+        expected_version = serializers.IntegerField(min_value=1, max_value=MAX_VERSION)
+        reason = serializers.CharField(max_length=2000)
+        scope = serializers.ChoiceField(choices=services.CANCEL_SCOPES, default="task")
+        escalate_to = serializers.ChoiceField(choices=services.ESCALATION_ROLES, default="admin")
+
+        def validate_reason(self, value: str) -> str:
+            _no_nul(value, "reason")
+            return value
+
+    class Output(serializers.Serializer):
+        applied = serializers.BooleanField()
+        task = TaskDetail()
+
+    @extend_schema(
+        request=Input,
+        responses={
+            200: Output,
+            400: OpenApiResponse(description="Field errors"),
+            403: OpenApiResponse(description="Your roles do not allow this control"),
+            404: OpenApiResponse(),
+            409: CONFLICT,
+        },
+    )
+    def post(self, request: Request, task_id) -> Response:
+        task = selectors.get_visible_task(request.user, task_id)
+        roles = selectors.roles_in(request.user, task)
+        if not roles & {Role.OPERATOR, Role.ADMIN}:
+            raise PermissionDenied("Operator controls need the operator or admin role in this tenant.")
+        body = self.Input(data=request.data)
+        body.is_valid(raise_exception=True)
+        result = services.task_control(task, self.control, user=request.user, roles=roles, **body.validated_data)
+        task = get_object_or_404(Task.objects.select_related("tenant", "owner"), pk=result.task.pk)
+        return Response({"applied": result.applied, "task": TaskDetail(task, context={"request": request}).data})
+
+
+def control_view(name: str):
+    return extend_schema(operation_id=f"tasks_{name}")(
+        type(f"Task{name.title()}Api", (TaskControlApi,), {"control": name})
+    ).as_view()

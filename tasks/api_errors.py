@@ -1,0 +1,22 @@
+"""API error shape: transition refusals become 409s carrying the current state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from tasks.exceptions import TaskNotFound, TransitionError
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, TaskNotFound):
+        return Response({"detail": "Not found.", "code": exc.code}, status=status.HTTP_404_NOT_FOUND)
+    if isinstance(exc, TransitionError):
+        return Response(
+            {"detail": str(exc), "code": exc.code, "state": exc.state, "state_version": exc.state_version},
+            status=status.HTTP_409_CONFLICT,
+        )
+    return drf_exception_handler(exc, context)

@@ -1,0 +1,190 @@
+"""The checkpoint contract: a typed, versioned application record.
+
+A checkpoint says where a task stands in terms the application owns — never a
+pickled object or a framework's memory dump — so any later deployment can read
+it, migrate it through a chain of pure functions, or refuse it with a precise,
+machine-readable reason (which quarantines the task).
+
+Encoding: canonical JSON (sorted keys, no whitespace) under the codec name
+``json/v1``. ``CURRENT_SCHEMA`` is the only version the code writes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tasks.states import State
+
+CURRENT_SCHEMA = 1
+CODEC = "json/v1"
+
+Scalar = str | int | float | bool | None
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EvidenceRef(_Strict):
+    """A pointer to an authoritative record, with the version that was read."""
+
+    system: str
+    record_id: str
+    record_version: str
+    fetched_at: datetime
+
+
+class ToolCallRecord(_Strict):
+    """A completed call with a side effect, by its ledger identity."""
+
+    action_id: str
+    idempotency_key: str
+    step: str
+    outcome: str
+
+
+class PendingAction(_Strict):
+    idempotency_key: str
+    step: str
+    connector: str
+    effect_digest: str
+
+
+class ApprovalRef(_Strict):
+    request_id: str
+    digest: str
+    status: str
+
+
+class RuntimeConfig(_Strict):
+    model: str = ""
+    prompt: str = ""
+    tool_set: str = ""
+
+
+class Progress(_Strict):
+    """The part of a checkpoint the workflow decides: where it is and what it knows.
+
+    The transition primitive adds the authoritative part (task id, state,
+    version, policy, runtime config, attempt, timestamps) from the task row,
+    so the two can never disagree.
+    """
+
+    step: str = Field(description="Position in the task type's workflow")
+    input_refs: list[str] = Field(default_factory=list)
+    output_refs: list[str] = Field(default_factory=list)
+    # Facts the workflow accepted so far (answers, looked-up values); scalars only,
+    # so transient model context cannot sneak in as a blob.
+    facts: dict[str, Scalar] = Field(default_factory=dict)
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    approvals: list[ApprovalRef] = Field(default_factory=list)
+    evidence: list[EvidenceRef] = Field(default_factory=list)
+
+
+class CheckpointV1(Progress):
+    schema_version: Literal[1] = 1
+    task_id: UUID
+    state: State
+    state_version: int = Field(ge=1)
+    pending_actions: list[PendingAction] = Field(default_factory=list)
+    policy_version: str
+    runtime_config: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    trace_link: str = ""
+    attempt: int = Field(default=0, ge=0)
+    created_at: datetime
+    state_entered_at: datetime
+    wait_deadline: datetime | None = None
+    deadline: datetime | None = None
+
+    @property
+    def progress(self) -> Progress:
+        return Progress.model_validate(self.model_dump(include=set(Progress.model_fields)))
+
+
+Checkpoint = CheckpointV1  # the current contract
+
+
+class CheckpointUnreadable(Exception):
+    """A stored checkpoint the running code cannot use; ``reason`` is machine-readable."""
+
+    SCHEMA_NEWER = "checkpoint_schema_newer"
+    CORRUPT = "checkpoint_corrupt"
+    UNMIGRATABLE = "checkpoint_unmigratable"
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+# Migration chain: MIGRATIONS[n] turns a version-n document (a dict) into a
+# version-(n+1) document. Pure functions: no I/O, no clock, no database.
+Migration = Callable[[dict[str, Any]], dict[str, Any]]
+MIGRATIONS: dict[int, Migration] = {}
+
+
+def encode(checkpoint: Checkpoint) -> str:
+    return json.dumps(checkpoint.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+def decode(body: str, schema_version: int | None = None) -> Checkpoint:
+    """Parse, migrate to ``CURRENT_SCHEMA`` and validate a stored body.
+
+    Raises ``CheckpointUnreadable`` with reason ``checkpoint_schema_newer``
+    (written by newer code), ``checkpoint_corrupt`` (not a valid document at
+    its own version) or ``checkpoint_unmigratable`` (no migration path, or a
+    migration step failed).
+    """
+    try:
+        document = json.loads(body)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointUnreadable(CheckpointUnreadable.CORRUPT, f"not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise CheckpointUnreadable(CheckpointUnreadable.CORRUPT, "top level is not an object")
+    version = document.get("schema_version", schema_version)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise CheckpointUnreadable(CheckpointUnreadable.CORRUPT, f"bad schema_version {version!r}")
+    if version > CURRENT_SCHEMA:
+        raise CheckpointUnreadable(
+            CheckpointUnreadable.SCHEMA_NEWER, f"schema {version} is newer than {CURRENT_SCHEMA}"
+        )
+    document = migrate(document, version)
+    try:
+        return Checkpoint.model_validate(document)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "(root)"
+        raise CheckpointUnreadable(
+            CheckpointUnreadable.CORRUPT, f"{where}: {first['msg']} ({exc.error_count()} errors)"
+        ) from None
+
+
+def migrate(document: dict[str, Any], version: int) -> dict[str, Any]:
+    """Walk the chain from ``version`` to ``CURRENT_SCHEMA``."""
+    while version < CURRENT_SCHEMA:
+        step = MIGRATIONS.get(version)
+        if step is None:
+            raise CheckpointUnreadable(
+                CheckpointUnreadable.UNMIGRATABLE, f"no migration from schema {version}"
+            )
+        try:
+            document = step(dict(document))
+        except Exception as exc:  # a migration is foreign code to the caller: report, never crash
+            raise CheckpointUnreadable(
+                CheckpointUnreadable.UNMIGRATABLE,
+                f"migration {version}->{version + 1} failed: {type(exc).__name__}: {exc}",
+            ) from None
+        version += 1
+        document["schema_version"] = version
+    return document
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of the current contract (``manage.py checkpoints schema``)."""
+    return Checkpoint.model_json_schema()

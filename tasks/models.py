@@ -1,0 +1,112 @@
+"""The task record and its checkpoints.
+
+State fields are written only by ``tasks.transitions``; nothing here assigns
+them. See DESIGN.md, "Task record" and "Checkpoint contract".
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from tasks.ids import uuid7
+from tasks.states import WAITING, State
+
+
+class Task(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.PROTECT, related_name="tasks")
+    task_type = models.CharField(max_length=64)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    region = models.CharField(max_length=32, default="default")
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
+
+    state = models.CharField(max_length=24, choices=State.choices, default=State.READY)
+    state_version = models.PositiveIntegerField(default=1)
+    # Machine-readable reason for the current state (e.g. "checkpoint_corrupt").
+    state_reason = models.CharField(max_length=64, blank=True, default="")
+    outcome = models.JSONField(null=True, blank=True)  # terminal detail
+
+    objective = models.TextField()
+    input = models.JSONField(default=dict)  # validated by the task type's input model
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    # SHA-256 of the creation request, so a reused key with a different body is refused.
+    request_digest = models.CharField(max_length=64, blank=True, default="")
+
+    deadline = models.DateTimeField(null=True, blank=True)
+    wait_deadline = models.DateTimeField(null=True, blank=True)
+    attempt = models.PositiveIntegerField(default=0)
+    policy_version = models.CharField(max_length=64)
+    model_id = models.CharField(max_length=128, blank=True, default="")
+    prompt_id = models.CharField(max_length=128, blank=True, default="")
+    toolset_id = models.CharField(max_length=128, blank=True, default="")
+
+    escalation_level = models.PositiveSmallIntegerField(default=0)
+    escalated_to = models.CharField(max_length=16, blank=True, default="")
+    escalation_reason = models.TextField(blank=True, default="")
+
+    # Hash of the newest audit event: the head of this task's hash chain. It moves
+    # under the same compare-and-set as state_version, so the chain cannot fork.
+    audit_head = models.CharField(max_length=64, blank=True, default="")
+
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+    state_entered_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            # POST /api/tasks/ with an idempotency key: same key, same task, per tenant.
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="task_unique_idempotency_key",
+            ),
+            models.CheckConstraint(condition=Q(state__in=State.values), name="task_state_known"),
+            models.CheckConstraint(condition=Q(state_version__gte=1), name="task_version_positive"),
+            # Every wait has an expiry: nothing may wait forever unnoticed.
+            models.CheckConstraint(
+                condition=~Q(state__in=sorted(WAITING)) | Q(wait_deadline__isnull=False),
+                name="task_wait_has_deadline",
+            ),
+        ]
+        indexes = [
+            # GET /api/tasks/ (newest first, keyset on id) and its filters.
+            models.Index(fields=["tenant", "-id"], name="task_tenant_id"),
+            models.Index(fields=["tenant", "state", "-id"], name="task_tenant_state_id"),
+            models.Index(fields=["tenant", "task_type", "-id"], name="task_tenant_type_id"),
+            # Sweeps: waits past their deadline.
+            models.Index(
+                fields=["wait_deadline"],
+                condition=Q(wait_deadline__isnull=False),
+                name="task_wait_deadline",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_type} {self.id} [{self.state} v{self.state_version}]"
+
+
+class Checkpoint(models.Model):
+    """The encoded checkpoint written with one transition.
+
+    ``body`` holds the bytes exactly as the codec wrote them; decoding (and
+    migrating, or quarantining) happens in ``tasks.checkpoints``, never here.
+    """
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="checkpoints")
+    state_version = models.PositiveIntegerField()
+    schema_version = models.PositiveIntegerField()
+    codec = models.CharField(max_length=32)
+    body = models.TextField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "state_version"], name="checkpoint_one_per_version"),
+        ]
+
+    def __str__(self) -> str:
+        return f"checkpoint {self.task_id} v{self.state_version} (schema {self.schema_version})"

@@ -1,0 +1,232 @@
+"""Use cases composed of transitions: start a task, read where it stands,
+operator controls. Nothing here assigns ``state`` directly."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import IntegrityError
+from pydantic import ValidationError
+
+from tasks import checkpoints, registry
+from tasks.exceptions import StaleVersion, TransitionNotAllowed
+from tasks.models import Checkpoint, Task
+from tasks.states import State, Trigger, edges_from, kinds_for_roles
+from tasks.transitions import Actor, advance, task_start
+from tenancy.models import Tenant
+
+
+class InvalidTaskInput(Exception):
+    def __init__(self, errors: dict[str, list[str]]):
+        super().__init__(errors)
+        self.errors = errors
+
+
+class IdempotencyConflict(Exception):
+    """The idempotency key was used before with a different request."""
+
+    def __init__(self, task: Task):
+        super().__init__(f"idempotency key already used for task {task.id} with a different request")
+        self.task = task
+
+
+def _request_digest(task_type: str, objective: str, input: dict[str, Any], deadline: datetime | None) -> str:
+    canonical = json.dumps(
+        {"task_type": task_type, "objective": objective, "input": input,
+         "deadline": deadline.isoformat() if deadline else None},
+        sort_keys=True, separators=(",", ":"), default=str,
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def task_create(
+    *,
+    tenant: Tenant,
+    task_type: str,
+    objective: str,
+    input: dict[str, Any],
+    actor: Actor,
+    owner: Any = None,
+    deadline: datetime | None = None,
+    idempotency_key: str | None = None,
+    parent: Task | None = None,
+    region: str | None = None,
+) -> tuple[Task, bool]:
+    """Start a task, or return the one started before with the same key.
+
+    Returns ``(task, created)``. Raises ``InvalidTaskInput`` (field errors)
+    when the input does not fit the task type, and ``IdempotencyConflict``
+    when the key was used before with a different request.
+    """
+    kind = registry.get(task_type)
+    try:
+        accepted = kind.input_model.model_validate(input).model_dump(mode="json")
+    except ValidationError as exc:
+        errors: dict[str, list[str]] = {}
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"]) or "input"
+            errors.setdefault(where, []).append(error["msg"])
+        raise InvalidTaskInput(errors) from None
+    digest = _request_digest(task_type, objective, accepted, deadline)
+
+    def existing() -> Task | None:
+        found = Task.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+        if found is not None and found.request_digest != digest:
+            raise IdempotencyConflict(found)
+        return found
+
+    if idempotency_key:
+        found = existing()
+        if found is not None:
+            return found, False
+    task = Task(
+        tenant=tenant,
+        task_type=task_type,
+        objective=objective,
+        input=accepted,
+        owner=owner,
+        deadline=deadline,
+        idempotency_key=idempotency_key or None,
+        request_digest=digest,
+        parent=parent,
+        region=region or settings.WORKER_REGION,
+        policy_version=settings.DEFAULT_POLICY_VERSION,
+        model_id=kind.model_id,
+        prompt_id=kind.prompt_id,
+        toolset_id=kind.toolset_id,
+    )
+    progress = checkpoints.Progress(step=kind.first_step, input_refs=[f"task:{task.id}/input"])
+    try:
+        return task_start(task, actor=actor, progress=progress, reason=objective[:200]), True
+    except IntegrityError:
+        # Lost a race with the same key: the winner's task is the answer.
+        found = existing() if idempotency_key else None
+        if found is None:
+            raise
+        return found, False
+
+
+def latest_checkpoint(task: Task) -> checkpoints.Checkpoint:
+    """Decode (and migrate) the task's newest checkpoint.
+
+    Raises ``CheckpointUnreadable`` — including reason ``checkpoint_missing``
+    when the task has none.
+    """
+    row = Checkpoint.objects.filter(task=task).order_by("-state_version").first()
+    if row is None:
+        raise checkpoints.CheckpointUnreadable("checkpoint_missing", "task has no checkpoint")
+    return checkpoints.decode(row.body, row.schema_version)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    task: Task
+    checkpoint: checkpoints.Checkpoint | None  # None: the task was quarantined instead
+
+    @property
+    def quarantined(self) -> bool:
+        return self.checkpoint is None
+
+
+def task_resume_point(task_id: UUID | str, *, actor: Actor) -> ResumePoint:
+    """Load a task and the checkpoint it would resume from.
+
+    A checkpoint the running code cannot use (newer schema, corrupt,
+    unmigratable, missing) quarantines the task with that machine-readable
+    reason instead of raising: nothing resumes from a guess. Raises
+    ``StaleVersion`` only if the task moved while it was being quarantined.
+    """
+    task = Task.objects.get(pk=task_id)
+    try:
+        return ResumePoint(task, latest_checkpoint(task))
+    except checkpoints.CheckpointUnreadable as exc:
+        if task.state == State.QUARANTINED:
+            return ResumePoint(task, None)
+        task = advance(
+            task.id,
+            task.state_version,
+            State.QUARANTINED,
+            actor=actor,
+            trigger=Trigger.QUARANTINE,
+            reason=exc.detail,
+            reason_code=exc.reason,
+        )
+        return ResumePoint(task, None)
+
+
+# Operator controls, by name, and the trigger each pulls. Targets come from the
+# transition table (the one edge with that trigger leaving the current state).
+CONTROLS: dict[str, Trigger] = {
+    "cancel": Trigger.CANCEL,
+    "quarantine": Trigger.QUARANTINE,
+    "release": Trigger.RELEASE,
+    "retry": Trigger.RETRY,
+    "escalate": Trigger.ESCALATE,
+}
+# Controls whose result is visible in the state alone: repeating one is a no-op.
+_SETTLED_BY_STATE = {"cancel": State.CANCEL_REQUESTED, "quarantine": State.QUARANTINED}
+CANCEL_SCOPES = ("model_turn", "tool_call", "children", "task")
+ESCALATION_ROLES = ("operator", "approver", "admin")
+
+
+@dataclass(frozen=True)
+class ControlResult:
+    task: Task
+    applied: bool
+
+
+def task_control(
+    task: Task,
+    control: str,
+    *,
+    user: Any,
+    roles: frozenset[str],
+    expected_version: int,
+    reason: str,
+    scope: str = "task",
+    escalate_to: str = "admin",
+) -> ControlResult:
+    """Apply an operator control at ``expected_version`` as ``user`` holding ``roles``.
+
+    A control whose outcome already holds (cancel on a task already
+    ``cancel_requested``, quarantine on a quarantined one) applies nothing and
+    reports ``applied=False``. Otherwise refuses like ``advance``:
+    ``StaleVersion`` or ``TransitionNotAllowed`` (no such edge from the
+    current state for this actor).
+    """
+    trigger = CONTROLS[control]
+    settled = _SETTLED_BY_STATE.get(control)
+    if settled is not None and task.state == settled:
+        return ControlResult(task, applied=False)
+    if task.state_version != expected_version:
+        raise StaleVersion(
+            f"task is at version {task.state_version}, not {expected_version}",
+            state=task.state, state_version=task.state_version,
+        )
+    kinds = kinds_for_roles(roles)
+    edge = next((e for e in edges_from(task.state, kinds=kinds) if e.trigger == trigger), None)
+    if edge is None:
+        raise TransitionNotAllowed(
+            f"{control} is not possible from {task.state} with roles {sorted(roles)}",
+            state=task.state, state_version=task.state_version,
+        )
+    actor = Actor.user(user, min(edge.by & kinds))
+    changes: dict[str, Any] = {}
+    reason_code = control
+    if control == "escalate":
+        changes = {
+            "escalation_level": task.escalation_level + 1,
+            "escalated_to": escalate_to,
+            "escalation_reason": reason,
+        }
+    elif control == "cancel":
+        reason_code = f"cancel:{scope}"
+    task = advance(task.id, expected_version, edge.target, actor=actor, trigger=trigger,
+                   reason=reason, reason_code=reason_code, **changes)
+    return ControlResult(task, applied=True)

@@ -1,0 +1,182 @@
+"""Task states and the ONE transition table.
+
+Everything that needs to know which moves exist reads this module: the
+transition primitive, the API's allowed-transitions field and its 409s, the
+console's buttons, the docs. Nothing else lists edges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.db import models
+
+
+class State(models.TextChoices):
+    READY = "ready"
+    WAITING_INPUT = "waiting_input"
+    WAITING_APPROVAL = "waiting_approval"
+    WAITING_EXTERNAL = "waiting_external"
+    WAITING_RETRY = "waiting_retry"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+    CANCEL_REQUESTED = "cancel_requested"
+    RESUME_VALIDATION = "resume_validation"
+    QUARANTINED = "quarantined"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELED = "canceled"
+    EXPIRED = "expired"
+
+
+TERMINAL = frozenset({State.COMPLETED, State.FAILED, State.CANCELED, State.EXPIRED})
+WAITING = frozenset({State.WAITING_INPUT, State.WAITING_APPROVAL, State.WAITING_EXTERNAL, State.WAITING_RETRY})
+NON_TERMINAL = frozenset(State) - TERMINAL
+# States a worker may hold a lease in and run steps from.
+RUNNABLE = frozenset({State.READY, State.RESUME_VALIDATION, State.CANCEL_REQUESTED})
+
+
+class ActorKind(models.TextChoices):
+    """Who pulls a trigger. Tenant roles map onto these in ``kinds_for_roles``."""
+
+    WORKER = "worker"  # a worker process holding the task's lease
+    SYSTEM = "system"  # sweeps, creation, recovery tooling
+    OPERATOR = "operator"  # a person with the operator role
+    APPROVER = "approver"  # a person deciding an approval
+    INTEGRATOR = "integrator"  # an API client feeding input and external events
+    ADMIN = "admin"  # a tenant admin
+
+
+class Trigger(models.TextChoices):
+    START = "start"
+    STEP = "step"  # a worker finished a step and stays runnable
+    REQUEST_INPUT = "request_input"
+    REQUEST_APPROVAL = "request_approval"
+    AWAIT_EXTERNAL = "await_external"
+    ATTEMPT_FAILED = "attempt_failed"
+    DISPATCH_UNKNOWN = "dispatch_unknown"
+    COMPLETE = "complete"
+    FAIL = "fail"
+    INPUT_RECEIVED = "input_received"
+    APPROVAL_DECIDED = "approval_decided"
+    EXTERNAL_EVENT = "external_event"
+    BACKOFF_ELAPSED = "backoff_elapsed"
+    WAIT_EXPIRED = "wait_expired"
+    DEADLINE_PASSED = "deadline_passed"
+    RECONCILED = "reconciled"
+    RECONCILED_FAILED = "reconciled_failed"
+    PROCEED = "proceed"
+    REFRESH = "refresh"
+    REPLAN = "replan"
+    REAPPROVE = "reapprove"
+    EXPIRE = "expire"
+    CANCEL = "cancel"
+    CANCEL_CONFIRMED = "cancel_confirmed"
+    QUARANTINE = "quarantine"
+    RELEASE = "release"
+    RETRY = "retry"
+    ESCALATE = "escalate"
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: State
+    target: State
+    trigger: Trigger
+    by: frozenset[ActorKind]
+
+
+S, T, A = State, Trigger, ActorKind
+
+
+def _edges(sources: Iterable[State], target: State, trigger: Trigger, *by: ActorKind) -> list[Edge]:
+    return [Edge(source, target, trigger, frozenset(by)) for source in sources]
+
+
+TRANSITIONS: tuple[Edge, ...] = tuple(
+    # A worker runs the task's steps from `ready`.
+    _edges([S.READY], S.READY, T.STEP, A.WORKER)
+    + _edges([S.READY], S.WAITING_INPUT, T.REQUEST_INPUT, A.WORKER)
+    + _edges([S.READY], S.WAITING_APPROVAL, T.REQUEST_APPROVAL, A.WORKER)
+    + _edges([S.READY], S.WAITING_EXTERNAL, T.AWAIT_EXTERNAL, A.WORKER)
+    + _edges([S.READY, S.RESUME_VALIDATION], S.WAITING_RETRY, T.ATTEMPT_FAILED, A.WORKER)
+    + _edges([S.READY, S.CANCEL_REQUESTED], S.OUTCOME_UNKNOWN, T.DISPATCH_UNKNOWN, A.WORKER)
+    + _edges([S.READY], S.COMPLETED, T.COMPLETE, A.WORKER)
+    + _edges([S.READY, S.RESUME_VALIDATION], S.FAILED, T.FAIL, A.WORKER)
+    # Leaving any wait goes through resume validation first.
+    + _edges([S.WAITING_INPUT], S.RESUME_VALIDATION, T.INPUT_RECEIVED, A.INTEGRATOR, A.OPERATOR)
+    + _edges([S.WAITING_APPROVAL], S.RESUME_VALIDATION, T.APPROVAL_DECIDED, A.APPROVER)
+    + _edges([S.WAITING_EXTERNAL], S.RESUME_VALIDATION, T.EXTERNAL_EVENT, A.INTEGRATOR, A.SYSTEM)
+    + _edges([S.WAITING_RETRY], S.RESUME_VALIDATION, T.BACKOFF_ELAPSED, A.SYSTEM)
+    + _edges([S.WAITING_RETRY], S.RESUME_VALIDATION, T.RETRY, A.OPERATOR, A.ADMIN)
+    # A wait past its wait_deadline either revalidates (the task type may re-request)
+    # or expires; a task past its own deadline expires.
+    + _edges(WAITING, S.RESUME_VALIDATION, T.WAIT_EXPIRED, A.SYSTEM)
+    + _edges(WAITING, S.EXPIRED, T.WAIT_EXPIRED, A.SYSTEM)
+    + _edges(WAITING | {S.READY, S.RESUME_VALIDATION}, S.EXPIRED, T.DEADLINE_PASSED, A.SYSTEM)
+    # Resume validation decides how to go on; each outcome is its own trigger.
+    + _edges([S.RESUME_VALIDATION], S.READY, T.PROCEED, A.WORKER)
+    + _edges([S.RESUME_VALIDATION], S.READY, T.REFRESH, A.WORKER)
+    + _edges([S.RESUME_VALIDATION], S.READY, T.REPLAN, A.WORKER)
+    + _edges([S.RESUME_VALIDATION], S.WAITING_APPROVAL, T.REAPPROVE, A.WORKER)
+    + _edges([S.RESUME_VALIDATION], S.EXPIRED, T.EXPIRE, A.WORKER)
+    # An effect whose outcome is unknown is settled by reconciliation only.
+    + _edges([S.OUTCOME_UNKNOWN], S.READY, T.RECONCILED, A.WORKER, A.SYSTEM, A.OPERATOR, A.ADMIN)
+    + _edges([S.OUTCOME_UNKNOWN], S.WAITING_RETRY, T.RECONCILED_FAILED, A.WORKER, A.SYSTEM, A.OPERATOR, A.ADMIN)
+    # Cancellation is a request; a worker confirms it after reconciling in-flight effects.
+    + _edges(
+        NON_TERMINAL - {S.CANCEL_REQUESTED},
+        S.CANCEL_REQUESTED,
+        T.CANCEL,
+        A.OPERATOR,
+        A.ADMIN,
+        A.INTEGRATOR,
+    )
+    + _edges([S.CANCEL_REQUESTED], S.CANCELED, T.CANCEL_CONFIRMED, A.WORKER, A.SYSTEM)
+    # Quarantine holds a task nothing can safely resume; release sends it back
+    # through validation (after its checkpoint was migrated or repaired).
+    + _edges(NON_TERMINAL - {S.QUARANTINED}, S.QUARANTINED, T.QUARANTINE, A.WORKER, A.SYSTEM, A.OPERATOR, A.ADMIN)
+    + _edges([S.QUARANTINED], S.RESUME_VALIDATION, T.RELEASE, A.OPERATOR, A.ADMIN)
+    # Escalation is orthogonal to state: a self-loop that bumps the version.
+    + [Edge(s, s, T.ESCALATE, frozenset({A.OPERATOR, A.ADMIN, A.SYSTEM})) for s in sorted(NON_TERMINAL)]
+)
+
+_BY_SOURCE: dict[State, tuple[Edge, ...]] = {
+    state: tuple(edge for edge in TRANSITIONS if edge.source == state) for state in State
+}
+
+
+def edges_from(source: State | str, *, kinds: Iterable[ActorKind] | None = None) -> tuple[Edge, ...]:
+    """Edges leaving ``source`` (optionally only those some kind in ``kinds`` may pull)."""
+    edges = _BY_SOURCE[State(source)]
+    if kinds is None:
+        return edges
+    allowed = frozenset(kinds)
+    return tuple(edge for edge in edges if edge.by & allowed)
+
+
+def find_edge(source: State | str, target: State | str, trigger: Trigger | str | None, kind: ActorKind) -> Edge | None:
+    """The edge ``kind`` may take from ``source`` to ``target`` (by ``trigger`` if given)."""
+    for edge in _BY_SOURCE[State(source)]:
+        if edge.target == target and kind in edge.by and (trigger is None or edge.trigger == trigger):
+            return edge
+    return None
+
+
+def allowed_pairs() -> frozenset[tuple[State, State]]:
+    return frozenset((edge.source, edge.target) for edge in TRANSITIONS)
+
+
+ROLE_KINDS: dict[str, frozenset[ActorKind]] = {
+    "operator": frozenset({A.OPERATOR, A.INTEGRATOR}),
+    "approver": frozenset({A.APPROVER}),
+    "auditor": frozenset(),
+    "admin": frozenset({A.ADMIN, A.OPERATOR, A.INTEGRATOR}),
+}
+
+
+def kinds_for_roles(roles: Iterable[str]) -> frozenset[ActorKind]:
+    kinds: frozenset[ActorKind] = frozenset()
+    for role in roles:
+        kinds |= ROLE_KINDS.get(role, frozenset())
+    return kinds

@@ -1,0 +1,304 @@
+"""The only code that writes a task's ``state`` and ``state_version``.
+
+``task_start`` inserts a task at version 1; ``advance`` moves it along one edge
+of ``tasks.states.TRANSITIONS``. Each is one durable transaction holding the
+task row change, its checkpoint, its audit event and its ledger (outbox) rows:
+either all of them commit or none does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+from opentelemetry import trace
+
+from audit.chain import GENESIS, event_hash
+from audit.models import TransitionEvent
+from ledger.models import Action
+from tasks import checkpoints
+from tasks.exceptions import StaleVersion, TaskNotFound, TransitionNotAllowed
+from tasks.models import Checkpoint, Task
+from tasks.states import WAITING, ActorKind, State, Trigger, find_edge
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who pulls a trigger: a kind from the table and a stable id for the audit log."""
+
+    kind: ActorKind
+    id: str
+
+    @classmethod
+    def system(cls, name: str) -> Actor:
+        return cls(ActorKind.SYSTEM, f"system:{name}")
+
+    @classmethod
+    def worker(cls, worker_id: str) -> Actor:
+        return cls(ActorKind.WORKER, f"worker:{worker_id}")
+
+    @classmethod
+    def user(cls, user: Any, kind: ActorKind) -> Actor:
+        return cls(kind, f"user:{user.get_username()}")
+
+
+@dataclass(frozen=True)
+class ActionIntent:
+    """A side effect the transition commits to (an outbox row in the ledger)."""
+
+    step: str
+    connector: str
+    effect: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def digest(self) -> str:
+        canonical = json.dumps(self.effect, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def idempotency_key(self, task_id: UUID) -> str:
+        # Deterministic from task + step + effect: re-deciding the same step with
+        # the same effect yields the same key, which the ledger's unique index holds.
+        return f"{task_id}:{self.step}:{self.digest[:16]}"
+
+
+# Task fields a transition may change besides state, version and timestamps.
+CHANGEABLE = frozenset(
+    {
+        "wait_deadline",
+        "attempt",
+        "outcome",
+        "escalation_level",
+        "escalated_to",
+        "escalation_reason",
+        "policy_version",
+        "model_id",
+        "prompt_id",
+        "toolset_id",
+    }
+)
+
+
+def _trace_ids() -> tuple[str, str]:
+    """(trace id, W3C traceparent) of the current span, or blanks without one."""
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return "", ""
+    trace_id = format(context.trace_id, "032x")
+    return trace_id, f"00-{trace_id}-{format(context.span_id, '016x')}-{int(context.trace_flags):02x}"
+
+
+def _checkpoint_for(task: Task, progress: checkpoints.Progress, actions: list[Action], trace_link: str):
+    document = checkpoints.Checkpoint(
+        **progress.model_dump(),
+        task_id=task.id,
+        state=task.state,
+        state_version=task.state_version,
+        pending_actions=[
+            checkpoints.PendingAction(
+                idempotency_key=a.idempotency_key, step=a.step, connector=a.connector, effect_digest=a.effect_digest
+            )
+            for a in actions
+        ],
+        policy_version=task.policy_version,
+        runtime_config=checkpoints.RuntimeConfig(model=task.model_id, prompt=task.prompt_id, tool_set=task.toolset_id),
+        trace_link=trace_link,
+        attempt=task.attempt,
+        created_at=task.created_at,
+        state_entered_at=task.state_entered_at,
+        wait_deadline=task.wait_deadline,
+        deadline=task.deadline,
+    )
+    return Checkpoint(
+        task=task,
+        state_version=task.state_version,
+        schema_version=checkpoints.CURRENT_SCHEMA,
+        codec=checkpoints.CODEC,
+        body=checkpoints.encode(document),
+        created_at=task.updated_at,
+    )
+
+
+def _event_for(task: Task, *, from_state: str, trigger: str, actor: Actor, reason: str, reason_code: str,
+               trace_id: str) -> TransitionEvent:
+    fields = {
+        "task_id": task.id,
+        "tenant_id": task.tenant_id,
+        "state_version": task.state_version,
+        "from_state": from_state,
+        "to_state": task.state,
+        "trigger": trigger,
+        "actor_kind": actor.kind,
+        "actor_id": actor.id,
+        "reason": reason,
+        "reason_code": reason_code,
+        "attempt": task.attempt,
+        "policy_version": task.policy_version,
+        "parent_id": task.parent_id,
+        "trace_id": trace_id,
+        "created_at": task.updated_at,
+    }
+    prev_hash = task.audit_head or GENESIS
+    return TransitionEvent(**fields, prev_hash=prev_hash, hash=event_hash(prev_hash, fields))
+
+
+def _ledger_rows(task: Task, intents: Iterable[ActionIntent], now: datetime) -> list[Action]:
+    return [
+        Action(
+            task=task,
+            step=intent.step,
+            idempotency_key=intent.idempotency_key(task.id),
+            connector=intent.connector,
+            effect=dict(intent.effect),
+            effect_digest=intent.digest,
+            created_at=now,
+            updated_at=now,
+        )
+        for intent in intents
+    ]
+
+
+def _write_records(event: TransitionEvent, checkpoint: Checkpoint | None, actions: list[Action]) -> None:
+    TransitionEvent.objects.bulk_create([event])
+    if checkpoint is not None:
+        Checkpoint.objects.bulk_create([checkpoint])
+    if actions:
+        Action.objects.bulk_create(actions)
+
+
+def task_start(task: Task, *, actor: Actor, progress: checkpoints.Progress, reason: str = "",
+               actions: Iterable[ActionIntent] = ()) -> Task:
+    """Insert ``task`` (unsaved, with tenant, type, objective, input…) at ``ready`` v1.
+
+    Writes the creation event and the first checkpoint in the same transaction.
+    Refuses with ``IntegrityError`` when the tenant already has a task with the
+    same idempotency key (the caller then returns that task).
+    """
+    now = timezone.now()
+    task.state, task.state_version, task.state_reason = State.READY, 1, ""
+    task.created_at = task.updated_at = task.state_entered_at = now
+    with tracer.start_as_current_span("task.start", attributes={"task.type": task.task_type}):
+        trace_id, traceparent = _trace_ids()
+        rows = _ledger_rows(task, actions, now)
+        event = _event_for(task, from_state="", trigger=Trigger.START, actor=actor, reason=reason,
+                           reason_code="", trace_id=trace_id)
+        task.audit_head = event.hash
+        with transaction.atomic(durable=True):
+            task.save(force_insert=True)
+            _write_records(event, _checkpoint_for(task, progress, rows, traceparent), rows)
+    log.info("task started", extra={"task_id": str(task.id), "task_type": task.task_type})
+    return task
+
+
+def advance(
+    task_id: UUID | str,
+    expected_version: int,
+    to_state: State | str,
+    *,
+    actor: Actor,
+    trigger: Trigger | str | None = None,
+    reason: str = "",
+    reason_code: str = "",
+    progress: checkpoints.Progress | None = None,
+    actions: Iterable[ActionIntent] = (),
+    **changes: Any,
+) -> Task:
+    """Move a task from its current state to ``to_state`` at ``expected_version``.
+
+    Sources: any state with an edge to ``to_state`` in the transition table
+    that ``actor.kind`` may take (by ``trigger`` when given). On success the
+    task is at ``expected_version + 1`` and, in the same commit, the audit
+    log has one new event, ``progress`` (if given) became a checkpoint for the
+    new version, and each of ``actions`` an intended ledger row.
+
+    ``changes`` may set the fields in ``CHANGEABLE``. ``wait_deadline`` is
+    kept on a self-loop, cleared when leaving a wait, and required when
+    entering one.
+
+    Refuses, changing nothing, with:
+    - ``TaskNotFound`` — no such task;
+    - ``StaleVersion`` — the task is no longer at ``expected_version`` (also
+      when a concurrent writer commits first); reload and decide again;
+    - ``TransitionNotAllowed`` — no edge from the current state to
+      ``to_state`` for this actor (and trigger);
+    - ``ValueError`` — an unknown field in ``changes``, or a wait without a deadline;
+    - ``IntegrityError`` — an action whose idempotency key already exists.
+    """
+    unknown = set(changes) - CHANGEABLE
+    if unknown:
+        raise ValueError(f"advance() cannot change {sorted(unknown)}")
+    to_state = State(to_state)
+    with tracer.start_as_current_span(
+        "task.advance", attributes={"task.id": str(task_id), "task.to_state": to_state, "task.actor": actor.kind}
+    ) as span:
+        trace_id, traceparent = _trace_ids()
+        with transaction.atomic(durable=True):
+            task = Task.objects.filter(pk=task_id).first()
+            if task is None:
+                raise TaskNotFound(f"task {task_id} does not exist")
+            if task.state_version != expected_version:
+                raise StaleVersion(
+                    f"task is at version {task.state_version}, not {expected_version}",
+                    state=task.state,
+                    state_version=task.state_version,
+                )
+            from_state = task.state
+            edge = find_edge(from_state, to_state, trigger, actor.kind)
+            if edge is None:
+                by = f" by {trigger}" if trigger else ""
+                raise TransitionNotAllowed(
+                    f"{actor.kind} cannot move a task from {from_state} to {to_state}{by}",
+                    state=from_state,
+                    state_version=task.state_version,
+                )
+
+            now = timezone.now()
+            for name, value in changes.items():
+                setattr(task, name, value)
+            if "wait_deadline" not in changes and to_state != from_state:
+                task.wait_deadline = None
+            if to_state in WAITING and task.wait_deadline is None:
+                raise ValueError(f"entering {to_state} needs a wait_deadline")
+            task.state, task.state_version, task.updated_at = to_state, expected_version + 1, now
+            task.state_reason = reason_code
+            if to_state != from_state:
+                task.state_entered_at = now
+            rows = _ledger_rows(task, actions, now)
+            event = _event_for(task, from_state=from_state, trigger=edge.trigger, actor=actor, reason=reason,
+                               reason_code=reason_code, trace_id=trace_id)
+            task.audit_head = event.hash
+
+            # The compare-and-set: the row count is the lock result. A writer that
+            # committed first leaves 0 rows here (PostgreSQL re-checks the WHERE
+            # after waiting on its row lock).
+            updated = Task.objects.filter(pk=task.pk, state_version=expected_version, state=from_state).update(
+                state=task.state,
+                state_version=F("state_version") + 1,
+                state_reason=task.state_reason,
+                updated_at=now,
+                state_entered_at=task.state_entered_at,
+                audit_head=task.audit_head,
+                **{name: getattr(task, name) for name in CHANGEABLE},
+            )
+            if updated != 1:
+                current = Task.objects.filter(pk=task.pk).values("state", "state_version").get()
+                raise StaleVersion(f"task moved on from version {expected_version}", **current)
+            checkpoint = _checkpoint_for(task, progress, rows, traceparent) if progress is not None else None
+            _write_records(event, checkpoint, rows)
+        span.set_attribute("task.state_version", task.state_version)
+    log.info(
+        "task advanced",
+        extra={"task_id": str(task.id), "from": from_state, "to": to_state, "version": task.state_version},
+    )
+    return task

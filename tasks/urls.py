@@ -1,0 +1,15 @@
+from django.urls import path
+
+from tasks import api
+from tasks.services import CONTROLS
+
+urlpatterns = [
+    path("tasks/", api.TaskCollectionApi.as_view(), name="api-tasks"),
+    path("tasks/<uuid:task_id>/", api.TaskDetailApi.as_view(), name="api-task"),
+    path("tasks/<uuid:task_id>/events/", api.TaskEventsApi.as_view(), name="api-task-events"),
+    path("tasks/<uuid:task_id>/checkpoints/", api.TaskCheckpointsApi.as_view(), name="api-task-checkpoints"),
+    path("tasks/<uuid:task_id>/actions/", api.TaskActionsApi.as_view(), name="api-task-actions"),
+] + [
+    path(f"tasks/<uuid:task_id>/{name}/", api.control_view(name), name=f"api-task-{name}")
+    for name in CONTROLS
+]

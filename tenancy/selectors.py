@@ -1,0 +1,42 @@
+"""Who may do what, in which tenant. Read-only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+
+from tenancy.models import Membership, Role, Tenant
+
+
+def roles_by_tenant(user: AbstractBaseUser | AnonymousUser) -> dict[int, frozenset[str]]:
+    """Map tenant id -> the roles ``user`` holds there (empty for anonymous)."""
+    if not user.is_authenticated:
+        return {}
+    cached = getattr(user, "_roles_by_tenant", None)
+    if cached is not None:
+        return cached
+    found: dict[int, set[str]] = {}
+    for tenant_id, role in Membership.objects.filter(user=user).values_list("tenant_id", "role"):
+        found.setdefault(tenant_id, set()).add(role)
+    result = {tenant_id: frozenset(roles) for tenant_id, roles in found.items()}
+    user._roles_by_tenant = result  # one query per request, not per object
+    return result
+
+
+def tenant_ids_for(user: AbstractBaseUser | AnonymousUser, roles: Iterable[str] | None = None) -> list[int]:
+    """Tenants where ``user`` holds any role (or any of ``roles``)."""
+    wanted = None if roles is None else set(roles)
+    return [
+        tenant_id
+        for tenant_id, held in roles_by_tenant(user).items()
+        if wanted is None or held & wanted
+    ]
+
+
+def tenants_for(user: AbstractBaseUser | AnonymousUser, roles: Iterable[str] | None = None):
+    return Tenant.objects.filter(id__in=tenant_ids_for(user, roles)).order_by("slug")
+
+
+def has_role(user: AbstractBaseUser | AnonymousUser, tenant_id: int, *roles: Role | str) -> bool:
+    return bool(roles_by_tenant(user).get(tenant_id, frozenset()) & set(roles))

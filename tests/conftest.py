@@ -1,0 +1,84 @@
+"""The fixed cast and small builders every suite shares.
+
+Cast: in tenant ``acme`` an operator, an approver, an auditor and an admin;
+``outsider`` is the operator of tenant ``globex``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.test import APIClient
+
+from tasks import checkpoints
+from tasks.services import task_create
+from tasks.transitions import Actor
+from tenancy.models import Membership, Role, Tenant
+
+
+@pytest.fixture
+def acme(db):
+    return Tenant.objects.create(slug="acme", name="Acme")
+
+
+@pytest.fixture
+def globex(db):
+    return Tenant.objects.create(slug="globex", name="Globex")
+
+
+def make_user(username: str, tenant: Tenant | None = None, *roles: str):
+    user = get_user_model().objects.create_user(username=username, password="pw")
+    for role in roles:
+        Membership.objects.create(user=user, tenant=tenant, role=role)
+    return user
+
+
+@pytest.fixture
+def operator(acme):
+    return make_user("acme-operator", acme, Role.OPERATOR)
+
+
+@pytest.fixture
+def approver(acme):
+    return make_user("acme-approver", acme, Role.APPROVER)
+
+
+@pytest.fixture
+def auditor(acme):
+    return make_user("acme-auditor", acme, Role.AUDITOR)
+
+
+@pytest.fixture
+def admin_user(acme):
+    return make_user("acme-admin", acme, Role.ADMIN)
+
+
+@pytest.fixture
+def outsider(globex):
+    return make_user("globex-operator", globex, Role.OPERATOR)
+
+
+def api_client_for(user) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+REFUND_INPUT = {"order_id": "A-1", "customer_email": "c@example.com", "amount": "10.00", "currency": "USD"}
+
+
+def make_task(tenant: Tenant, **overrides):
+    """Start a ``refund_request`` task in ``tenant`` (ready, version 1)."""
+    fields = {
+        "task_type": "refund_request",
+        "objective": "Refund order A-1",
+        "input": REFUND_INPUT,
+        "actor": Actor.system("tests"),
+    }
+    fields.update(overrides)
+    task, _ = task_create(tenant=tenant, **fields)
+    return task
+
+
+def progress(step: str = "step", **facts) -> checkpoints.Progress:
+    return checkpoints.Progress(step=step, facts=facts)
