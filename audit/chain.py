@@ -67,7 +67,9 @@ class BrokenLink:
         return f"task {self.task_id} {at}: {self.problem}"
 
 
-def verify_events(task_id: UUID, events: Iterable[Any], *, head: str, state_version: int) -> BrokenLink | None:
+def verify_events(
+    task_id: UUID, events: Iterable[Any], *, head: str, state_version: int
+) -> BrokenLink | None:
     """First broken link in ``events`` (ordered by version), or None.
 
     ``head`` and ``state_version`` are the task row's chain head and version,

@@ -7,8 +7,12 @@ from tasks import services
 
 class ControlForm(forms.Form):
     expected_version = forms.IntegerField(min_value=1, max_value=2**31 - 1, widget=forms.HiddenInput)
-    reason = forms.CharField(max_length=2000, widget=forms.TextInput(attrs={"placeholder": "Reason (required)"}))
-    scope = forms.ChoiceField(choices=[(s, s) for s in services.CANCEL_SCOPES], initial="task", required=False)
+    reason = forms.CharField(
+        max_length=2000, widget=forms.TextInput(attrs={"placeholder": "Reason (required)"})
+    )
+    scope = forms.ChoiceField(
+        choices=[(s, s) for s in services.CANCEL_SCOPES], initial="task", required=False
+    )
     escalate_to = forms.ChoiceField(
         choices=[(r, r) for r in services.ESCALATION_ROLES], initial="admin", required=False
     )

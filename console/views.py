@@ -73,8 +73,11 @@ def task_control(request, task_id, control):
         raise PermissionDenied
     form = ControlForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "A reason is required: " + "; ".join(
-            f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()))
+        messages.error(
+            request,
+            "A reason is required: "
+            + "; ".join(f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()),
+        )
         return redirect("console:task", task_id=task.id)
     data = {key: value for key, value in form.cleaned_data.items() if value not in ("", None)}
     try:
@@ -82,8 +85,11 @@ def task_control(request, task_id, control):
             task, control, user=request.user, roles=selectors.roles_in(request.user, task), **data
         )
     except StaleVersion as exc:
-        messages.error(request, f"This task changed since you opened it (it is now {exc.state}, "
-                                f"version {exc.state_version}). Review it and try again.")
+        messages.error(
+            request,
+            f"This task changed since you opened it (it is now {exc.state}, "
+            f"version {exc.state_version}). Review it and try again.",
+        )
     except TransitionNotAllowed as exc:
         messages.error(request, f"Not possible: {exc}")
     else:

@@ -71,8 +71,20 @@ class TaskSummary(serializers.ModelSerializer):
     class Meta:
         model = Task
         fields = [
-            "id", "tenant", "task_type", "objective", "state", "state_version", "state_reason", "region",
-            "attempt", "escalation_level", "deadline", "wait_deadline", "created_at", "updated_at",
+            "id",
+            "tenant",
+            "task_type",
+            "objective",
+            "state",
+            "state_version",
+            "state_reason",
+            "region",
+            "attempt",
+            "escalation_level",
+            "deadline",
+            "wait_deadline",
+            "created_at",
+            "updated_at",
             "state_entered_at",
         ]
         read_only_fields = fields
@@ -89,8 +101,18 @@ class TaskDetail(TaskSummary):
 
     class Meta(TaskSummary.Meta):
         fields = TaskSummary.Meta.fields + [
-            "owner", "parent", "input", "outcome", "idempotency_key", "policy_version", "runtime_config",
-            "escalation", "lease", "pending_approvals", "ledger", "allowed_transitions",
+            "owner",
+            "parent",
+            "input",
+            "outcome",
+            "idempotency_key",
+            "policy_version",
+            "runtime_config",
+            "escalation",
+            "lease",
+            "pending_approvals",
+            "ledger",
+            "allowed_transitions",
         ]
         read_only_fields = fields
 
@@ -117,8 +139,21 @@ class EventOut(serializers.ModelSerializer):
     class Meta:
         model = TransitionEvent
         fields = [
-            "state_version", "from_state", "to_state", "trigger", "actor_kind", "actor_id", "reason",
-            "reason_code", "attempt", "policy_version", "parent_id", "trace_id", "created_at", "prev_hash", "hash",
+            "state_version",
+            "from_state",
+            "to_state",
+            "trigger",
+            "actor_kind",
+            "actor_id",
+            "reason",
+            "reason_code",
+            "attempt",
+            "policy_version",
+            "parent_id",
+            "trace_id",
+            "created_at",
+            "prev_hash",
+            "hash",
         ]
         read_only_fields = fields
 
@@ -153,8 +188,19 @@ class ActionOut(serializers.ModelSerializer):
     class Meta:
         model = Action
         fields = [
-            "id", "step", "idempotency_key", "connector", "effect", "effect_digest", "dispatch_state", "outcome",
-            "external_ref", "attempts", "compensation_of", "created_at", "updated_at",
+            "id",
+            "step",
+            "idempotency_key",
+            "connector",
+            "effect",
+            "effect_digest",
+            "dispatch_state",
+            "outcome",
+            "external_ref",
+            "attempts",
+            "compensation_of",
+            "created_at",
+            "updated_at",
         ]
         read_only_fields = fields
 
@@ -290,20 +336,29 @@ class _TaskHistoryApi(APIView):
         return pages.get_paginated_response(self.output(page, many=True).data)
 
 
-@extend_schema(operation_id="tasks_events", responses={200: EventOut(many=True), 404: OpenApiResponse()},
-               parameters=[OpenApiParameter("cursor", str)])
+@extend_schema(
+    operation_id="tasks_events",
+    responses={200: EventOut(many=True), 404: OpenApiResponse()},
+    parameters=[OpenApiParameter("cursor", str)],
+)
 class TaskEventsApi(_TaskHistoryApi):
     pass
 
 
-@extend_schema(operation_id="tasks_checkpoints", responses={200: CheckpointOut(many=True), 404: OpenApiResponse()},
-               parameters=[OpenApiParameter("cursor", str)])
+@extend_schema(
+    operation_id="tasks_checkpoints",
+    responses={200: CheckpointOut(many=True), 404: OpenApiResponse()},
+    parameters=[OpenApiParameter("cursor", str)],
+)
 class TaskCheckpointsApi(_TaskHistoryApi):
     model, output = Checkpoint, CheckpointOut
 
 
-@extend_schema(operation_id="tasks_actions", responses={200: ActionOut(many=True), 404: OpenApiResponse()},
-               parameters=[OpenApiParameter("cursor", str)])
+@extend_schema(
+    operation_id="tasks_actions",
+    responses={200: ActionOut(many=True), 404: OpenApiResponse()},
+    parameters=[OpenApiParameter("cursor", str)],
+)
 class TaskActionsApi(_TaskHistoryApi):
     model, output, pages = Action, ActionOut, OldestFirst
 
@@ -344,9 +399,13 @@ class TaskControlApi(APIView):
             raise PermissionDenied("Operator controls need the operator or admin role in this tenant.")
         body = self.Input(data=request.data)
         body.is_valid(raise_exception=True)
-        result = services.task_control(task, self.control, user=request.user, roles=roles, **body.validated_data)
+        result = services.task_control(
+            task, self.control, user=request.user, roles=roles, **body.validated_data
+        )
         task = get_object_or_404(Task.objects.select_related("tenant", "owner"), pk=result.task.pk)
-        return Response({"applied": result.applied, "task": TaskDetail(task, context={"request": request}).data})
+        return Response(
+            {"applied": result.applied, "task": TaskDetail(task, context={"request": request}).data}
+        )
 
 
 def control_view(name: str):

@@ -22,7 +22,9 @@ class Task(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     region = models.CharField(max_length=32, default="default")
-    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+    )
 
     state = models.CharField(max_length=24, choices=State.choices, default=State.READY)
     state_version = models.PositiveIntegerField(default=1)
@@ -32,7 +34,8 @@ class Task(models.Model):
 
     objective = models.TextField()
     input = models.JSONField(default=dict)  # validated by the task type's input model
-    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    # NULL, not "", for "no key": the partial unique constraint below skips NULLs.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     # SHA-256 of the creation request, so a reused key with a different body is refused.
     request_digest = models.CharField(max_length=64, blank=True, default="")
 

@@ -49,8 +49,7 @@ def allowed_moves(user: Any, task: Task) -> list[dict[str, str]]:
     """Edges the caller could take from the task's current state (read from the table)."""
     kinds: frozenset[ActorKind] = kinds_for_roles(roles_in(user, task))
     return [
-        {"trigger": edge.trigger, "to_state": edge.target}
-        for edge in edges_from(task.state, kinds=kinds)
+        {"trigger": edge.trigger, "to_state": edge.target} for edge in edges_from(task.state, kinds=kinds)
     ]
 
 

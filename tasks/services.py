@@ -38,9 +38,15 @@ class IdempotencyConflict(Exception):
 
 def _request_digest(task_type: str, objective: str, input: dict[str, Any], deadline: datetime | None) -> str:
     canonical = json.dumps(
-        {"task_type": task_type, "objective": objective, "input": input,
-         "deadline": deadline.isoformat() if deadline else None},
-        sort_keys=True, separators=(",", ":"), default=str,
+        {
+            "task_type": task_type,
+            "objective": objective,
+            "input": input,
+            "deadline": deadline.isoformat() if deadline else None,
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+        default=str,
     )
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -207,14 +213,16 @@ def task_control(
     if task.state_version != expected_version:
         raise StaleVersion(
             f"task is at version {task.state_version}, not {expected_version}",
-            state=task.state, state_version=task.state_version,
+            state=task.state,
+            state_version=task.state_version,
         )
     kinds = kinds_for_roles(roles)
     edge = next((e for e in edges_from(task.state, kinds=kinds) if e.trigger == trigger), None)
     if edge is None:
         raise TransitionNotAllowed(
             f"{control} is not possible from {task.state} with roles {sorted(roles)}",
-            state=task.state, state_version=task.state_version,
+            state=task.state,
+            state_version=task.state_version,
         )
     actor = Actor.user(user, min(edge.by & kinds))
     changes: dict[str, Any] = {}
@@ -227,6 +235,14 @@ def task_control(
         }
     elif control == "cancel":
         reason_code = f"cancel:{scope}"
-    task = advance(task.id, expected_version, edge.target, actor=actor, trigger=trigger,
-                   reason=reason, reason_code=reason_code, **changes)
+    task = advance(
+        task.id,
+        expected_version,
+        edge.target,
+        actor=actor,
+        trigger=trigger,
+        reason=reason,
+        reason_code=reason_code,
+        **changes,
+    )
     return ControlResult(task, applied=True)

@@ -30,7 +30,9 @@ class State(models.TextChoices):
 
 
 TERMINAL = frozenset({State.COMPLETED, State.FAILED, State.CANCELED, State.EXPIRED})
-WAITING = frozenset({State.WAITING_INPUT, State.WAITING_APPROVAL, State.WAITING_EXTERNAL, State.WAITING_RETRY})
+WAITING = frozenset(
+    {State.WAITING_INPUT, State.WAITING_APPROVAL, State.WAITING_EXTERNAL, State.WAITING_RETRY}
+)
 NON_TERMINAL = frozenset(State) - TERMINAL
 # States a worker may hold a lease in and run steps from.
 RUNNABLE = frozenset({State.READY, State.RESUME_VALIDATION, State.CANCEL_REQUESTED})
@@ -90,7 +92,7 @@ S, T, A = State, Trigger, ActorKind
 
 
 def _edges(sources: Iterable[State], target: State, trigger: Trigger, *by: ActorKind) -> list[Edge]:
-    return [Edge(source, target, trigger, frozenset(by)) for source in sources]
+    return [Edge(source, target, trigger, frozenset(by)) for source in sorted(sources)]
 
 
 TRANSITIONS: tuple[Edge, ...] = tuple(
@@ -122,7 +124,9 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     + _edges([S.RESUME_VALIDATION], S.EXPIRED, T.EXPIRE, A.WORKER)
     # An effect whose outcome is unknown is settled by reconciliation only.
     + _edges([S.OUTCOME_UNKNOWN], S.READY, T.RECONCILED, A.WORKER, A.SYSTEM, A.OPERATOR, A.ADMIN)
-    + _edges([S.OUTCOME_UNKNOWN], S.WAITING_RETRY, T.RECONCILED_FAILED, A.WORKER, A.SYSTEM, A.OPERATOR, A.ADMIN)
+    + _edges(
+        [S.OUTCOME_UNKNOWN], S.WAITING_RETRY, T.RECONCILED_FAILED, A.WORKER, A.SYSTEM, A.OPERATOR, A.ADMIN
+    )
     # Cancellation is a request; a worker confirms it after reconciling in-flight effects.
     + _edges(
         NON_TERMINAL - {S.CANCEL_REQUESTED},
@@ -135,7 +139,9 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     + _edges([S.CANCEL_REQUESTED], S.CANCELED, T.CANCEL_CONFIRMED, A.WORKER, A.SYSTEM)
     # Quarantine holds a task nothing can safely resume; release sends it back
     # through validation (after its checkpoint was migrated or repaired).
-    + _edges(NON_TERMINAL - {S.QUARANTINED}, S.QUARANTINED, T.QUARANTINE, A.WORKER, A.SYSTEM, A.OPERATOR, A.ADMIN)
+    + _edges(
+        NON_TERMINAL - {S.QUARANTINED}, S.QUARANTINED, T.QUARANTINE, A.WORKER, A.SYSTEM, A.OPERATOR, A.ADMIN
+    )
     + _edges([S.QUARANTINED], S.RESUME_VALIDATION, T.RELEASE, A.OPERATOR, A.ADMIN)
     # Escalation is orthogonal to state: a self-loop that bumps the version.
     + [Edge(s, s, T.ESCALATE, frozenset({A.OPERATOR, A.ADMIN, A.SYSTEM})) for s in sorted(NON_TERMINAL)]
@@ -155,7 +161,9 @@ def edges_from(source: State | str, *, kinds: Iterable[ActorKind] | None = None)
     return tuple(edge for edge in edges if edge.by & allowed)
 
 
-def find_edge(source: State | str, target: State | str, trigger: Trigger | str | None, kind: ActorKind) -> Edge | None:
+def find_edge(
+    source: State | str, target: State | str, trigger: Trigger | str | None, kind: ActorKind
+) -> Edge | None:
     """The edge ``kind`` may take from ``source`` to ``target`` (by ``trigger`` if given)."""
     for edge in _BY_SOURCE[State(source)]:
         if edge.target == target and kind in edge.by and (trigger is None or edge.trigger == trigger):

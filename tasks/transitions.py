@@ -107,12 +107,17 @@ def _checkpoint_for(task: Task, progress: checkpoints.Progress, actions: list[Ac
         state_version=task.state_version,
         pending_actions=[
             checkpoints.PendingAction(
-                idempotency_key=a.idempotency_key, step=a.step, connector=a.connector, effect_digest=a.effect_digest
+                idempotency_key=a.idempotency_key,
+                step=a.step,
+                connector=a.connector,
+                effect_digest=a.effect_digest,
             )
             for a in actions
         ],
         policy_version=task.policy_version,
-        runtime_config=checkpoints.RuntimeConfig(model=task.model_id, prompt=task.prompt_id, tool_set=task.toolset_id),
+        runtime_config=checkpoints.RuntimeConfig(
+            model=task.model_id, prompt=task.prompt_id, tool_set=task.toolset_id
+        ),
         trace_link=trace_link,
         attempt=task.attempt,
         created_at=task.created_at,
@@ -130,8 +135,9 @@ def _checkpoint_for(task: Task, progress: checkpoints.Progress, actions: list[Ac
     )
 
 
-def _event_for(task: Task, *, from_state: str, trigger: str, actor: Actor, reason: str, reason_code: str,
-               trace_id: str) -> TransitionEvent:
+def _event_for(
+    task: Task, *, from_state: str, trigger: str, actor: Actor, reason: str, reason_code: str, trace_id: str
+) -> TransitionEvent:
     fields = {
         "task_id": task.id,
         "tenant_id": task.tenant_id,
@@ -177,8 +183,14 @@ def _write_records(event: TransitionEvent, checkpoint: Checkpoint | None, action
         Action.objects.bulk_create(actions)
 
 
-def task_start(task: Task, *, actor: Actor, progress: checkpoints.Progress, reason: str = "",
-               actions: Iterable[ActionIntent] = ()) -> Task:
+def task_start(
+    task: Task,
+    *,
+    actor: Actor,
+    progress: checkpoints.Progress,
+    reason: str = "",
+    actions: Iterable[ActionIntent] = (),
+) -> Task:
     """Insert ``task`` (unsaved, with tenant, type, objective, input…) at ``ready`` v1.
 
     Writes the creation event and the first checkpoint in the same transaction.
@@ -191,8 +203,15 @@ def task_start(task: Task, *, actor: Actor, progress: checkpoints.Progress, reas
     with tracer.start_as_current_span("task.start", attributes={"task.type": task.task_type}):
         trace_id, traceparent = _trace_ids()
         rows = _ledger_rows(task, actions, now)
-        event = _event_for(task, from_state="", trigger=Trigger.START, actor=actor, reason=reason,
-                           reason_code="", trace_id=trace_id)
+        event = _event_for(
+            task,
+            from_state="",
+            trigger=Trigger.START,
+            actor=actor,
+            reason=reason,
+            reason_code="",
+            trace_id=trace_id,
+        )
         task.audit_head = event.hash
         with transaction.atomic(durable=True):
             task.save(force_insert=True)
@@ -240,7 +259,8 @@ def advance(
         raise ValueError(f"advance() cannot change {sorted(unknown)}")
     to_state = State(to_state)
     with tracer.start_as_current_span(
-        "task.advance", attributes={"task.id": str(task_id), "task.to_state": to_state, "task.actor": actor.kind}
+        "task.advance",
+        attributes={"task.id": str(task_id), "task.to_state": to_state, "task.actor": actor.kind},
     ) as span:
         trace_id, traceparent = _trace_ids()
         with transaction.atomic(durable=True):
@@ -275,14 +295,23 @@ def advance(
             if to_state != from_state:
                 task.state_entered_at = now
             rows = _ledger_rows(task, actions, now)
-            event = _event_for(task, from_state=from_state, trigger=edge.trigger, actor=actor, reason=reason,
-                               reason_code=reason_code, trace_id=trace_id)
+            event = _event_for(
+                task,
+                from_state=from_state,
+                trigger=edge.trigger,
+                actor=actor,
+                reason=reason,
+                reason_code=reason_code,
+                trace_id=trace_id,
+            )
             task.audit_head = event.hash
 
             # The compare-and-set: the row count is the lock result. A writer that
             # committed first leaves 0 rows here (PostgreSQL re-checks the WHERE
             # after waiting on its row lock).
-            updated = Task.objects.filter(pk=task.pk, state_version=expected_version, state=from_state).update(
+            updated = Task.objects.filter(
+                pk=task.pk, state_version=expected_version, state=from_state
+            ).update(
                 state=task.state,
                 state_version=F("state_version") + 1,
                 state_reason=task.state_reason,

@@ -27,11 +27,7 @@ def roles_by_tenant(user: AbstractBaseUser | AnonymousUser) -> dict[int, frozens
 def tenant_ids_for(user: AbstractBaseUser | AnonymousUser, roles: Iterable[str] | None = None) -> list[int]:
     """Tenants where ``user`` holds any role (or any of ``roles``)."""
     wanted = None if roles is None else set(roles)
-    return [
-        tenant_id
-        for tenant_id, held in roles_by_tenant(user).items()
-        if wanted is None or held & wanted
-    ]
+    return [tenant_id for tenant_id, held in roles_by_tenant(user).items() if wanted is None or held & wanted]
 
 
 def tenants_for(user: AbstractBaseUser | AnonymousUser, roles: Iterable[str] | None = None):

@@ -28,8 +28,15 @@ def actor_for(edge: Edge) -> Actor:
 
 def take(task: Task, edge: Edge) -> Task:
     extra = {"wait_deadline": timezone.now() + timedelta(hours=1)} if edge.target in WAITING else {}
-    return advance(task.id, task.state_version, edge.target, actor=actor_for(edge), trigger=edge.trigger,
-                   progress=progress(f"to-{edge.target}"), **extra)
+    return advance(
+        task.id,
+        task.state_version,
+        edge.target,
+        actor=actor_for(edge),
+        trigger=edge.trigger,
+        progress=progress(f"to-{edge.target}"),
+        **extra,
+    )
 
 
 def _paths() -> dict[State, list[Edge]]:
@@ -79,8 +86,13 @@ def test_every_pair_missing_from_the_table_is_refused(source, target, acme):
     task = task_in(source, acme)
     for kind in ActorKind:
         with pytest.raises(TransitionNotAllowed):
-            advance(task.id, task.state_version, target, actor=Actor(kind, "tests"),
-                    wait_deadline=timezone.now() + timedelta(hours=1))
+            advance(
+                task.id,
+                task.state_version,
+                target,
+                actor=Actor(kind, "tests"),
+                wait_deadline=timezone.now() + timedelta(hours=1),
+            )
     stored = Task.objects.get(pk=task.pk)
     assert (stored.state, stored.state_version) == (source, task.state_version)
 
@@ -115,15 +127,23 @@ def test_entering_a_wait_without_a_deadline_is_refused(acme):
 def test_leaving_a_wait_clears_its_deadline(acme):
     task = task_in(State.WAITING_INPUT, acme)
     assert task.wait_deadline is not None
-    task = advance(task.id, task.state_version, State.RESUME_VALIDATION, actor=Actor(ActorKind.INTEGRATOR, "i"))
+    task = advance(
+        task.id, task.state_version, State.RESUME_VALIDATION, actor=Actor(ActorKind.INTEGRATOR, "i")
+    )
     assert Task.objects.get(pk=task.pk).wait_deadline is None
 
 
 def test_a_transition_writes_event_checkpoint_and_ledger_rows_together(acme):
     task = make_task(acme)
     effect = {"kind": "refund", "amount": "10.00"}
-    moved = advance(task.id, 1, State.READY, actor=Actor.worker("w"), progress=progress("dispatch"),
-                    actions=[ActionIntent(step="refund", connector="payments", effect=effect)])
+    moved = advance(
+        task.id,
+        1,
+        State.READY,
+        actor=Actor.worker("w"),
+        progress=progress("dispatch"),
+        actions=[ActionIntent(step="refund", connector="payments", effect=effect)],
+    )
     assert Checkpoint.objects.filter(task=task, state_version=2).count() == 1
     assert TransitionEvent.objects.filter(task=task, state_version=2).count() == 1
     action = Action.objects.get(task=task)
@@ -142,8 +162,14 @@ def test_a_failure_before_commit_leaves_no_trace(acme, monkeypatch):
 
     monkeypatch.setattr(transitions, "_write_records", write_then_crash)
     with pytest.raises(RuntimeError):
-        advance(task.id, 1, State.READY, actor=Actor.worker("w"), progress=progress(),
-                actions=[ActionIntent(step="refund", connector="payments", effect={"amount": "1"})])
+        advance(
+            task.id,
+            1,
+            State.READY,
+            actor=Actor.worker("w"),
+            progress=progress(),
+            actions=[ActionIntent(step="refund", connector="payments", effect={"amount": "1"})],
+        )
     stored = Task.objects.get(pk=task.pk)
     assert (stored.state_version, stored.audit_head) == (1, task.audit_head)
     assert TransitionEvent.objects.filter(task=task).count() == 1  # only the creation event

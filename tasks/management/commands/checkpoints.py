@@ -28,7 +28,9 @@ class Command(BaseCommand):
         sub = parser.add_subparsers(dest="action", required=True)
         sub.add_parser("schema")
         check = sub.add_parser("check")
-        check.add_argument("--quarantine", action="store_true", help="Quarantine tasks whose checkpoint is unreadable")
+        check.add_argument(
+            "--quarantine", action="store_true", help="Quarantine tasks whose checkpoint is unreadable"
+        )
         for name in ("show", "resume"):
             sub.add_parser(name).add_argument("task_id")
 
@@ -76,6 +78,8 @@ class Command(BaseCommand):
                 self.stdout.write(f"UNREADABLE {task.id} {exc.reason}: {exc.detail}")
                 if quarantine:
                     services.task_resume_point(task.id, actor=Actor.system("checkpoints-check"))
-        self.stdout.write(f"{checked} checked, {bad} unreadable (running schema {checkpoints.CURRENT_SCHEMA})")
+        self.stdout.write(
+            f"{checked} checked, {bad} unreadable (running schema {checkpoints.CURRENT_SCHEMA})"
+        )
         if bad:
             raise CommandError(f"{bad} checkpoints cannot be read by this code")
