@@ -20,7 +20,7 @@ install: $(BIN)/python
 demo: install
 	$(BIN)/python manage.py migrate --noinput
 	$(BIN)/python manage.py seed_demo
-	$(BIN)/python manage.py runserver 0.0.0.0:$(PORT)
+	$(BIN)/python manage.py run_demo 127.0.0.1:$(PORT)
 
 test: install
 	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 2 $(PYTEST_ARGS)

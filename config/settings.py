@@ -7,6 +7,7 @@ concurrency guarantee is written for and tested on.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import environ
@@ -41,6 +42,7 @@ INSTALLED_APPS = [
     "ledger",
     "approvals",
     "console",
+    "sandbox",
 ]
 
 MIDDLEWARE = [
@@ -78,8 +80,10 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(exist_ok=True)
-    # SQLite serialises writers; wait for the lock instead of failing at once.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # SQLite serialises writers. Taking the write lock when a transaction begins
+    # (IMMEDIATE) lets a waiting writer queue on the busy timeout instead of
+    # failing when a read-then-write transaction tries to upgrade its lock.
+    DATABASES["default"].setdefault("OPTIONS", {}).update({"timeout": 20, "transaction_mode": "IMMEDIATE"})
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTHENTICATION_BACKENDS = [
@@ -136,6 +140,47 @@ SPECTACULAR_SETTINGS = {
 WORKER_REGION = env.str("WORKER_REGION", default="default")
 # Policy version stamped on new tasks until policies live in the database.
 DEFAULT_POLICY_VERSION = env.str("DEFAULT_POLICY_VERSION", default="2026-11")
+
+# External systems. Each connector's base URL is CONNECTOR_<NAME>_URL; unset, it
+# is the sandbox served by this project under /sandbox/<name>.
+SANDBOX_BASE_URL = env.str("SANDBOX_BASE_URL", default="http://127.0.0.1:8000/sandbox")
+CONNECTOR_URLS = {
+    key[len("CONNECTOR_") : -len("_URL")].lower(): value
+    for key, value in os.environ.items()
+    if key.startswith("CONNECTOR_") and key.endswith("_URL") and value
+}
+CONNECTOR_TIMEOUT = env.float("CONNECTOR_TIMEOUT", default=5.0)
+
+
+# Celery: the doorbell. Unset, an embedded filesystem broker under var/broker.
+BROKER_DIR = VAR_DIR / "broker"
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    for folder in ("queue", "processed"):
+        (BROKER_DIR / folder).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(BROKER_DIR / "queue"),
+        "data_folder_out": str(BROKER_DIR / "queue"),
+        "processed_folder": str(BROKER_DIR / "processed"),
+        "store_processed": False,
+    }
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_DEFAULT_QUEUE = f"region.{WORKER_REGION}"
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    "sweep": {"task": "tasks.sweep", "schedule": env.float("SWEEP_INTERVAL", default=5.0)},
+}
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+LEASE_TTL_SECONDS = env.float("LEASE_TTL_SECONDS", default=30.0)
+
+# The model behind "model turn" steps: the deterministic scripted model, or any
+# OpenAI-compatible chat endpoint.
+MODEL_BACKEND = env.str("MODEL_BACKEND", default="scripted")  # scripted | openai
+MODEL_URL = env.str("MODEL_URL", default="")
+MODEL_NAME = env.str("MODEL_NAME", default="")
+MODEL_API_KEY = env.str("MODEL_API_KEY", default="")
+MODEL_TIMEOUT = env.float("MODEL_TIMEOUT", default=30.0)
 
 if not DEBUG:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

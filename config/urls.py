@@ -12,4 +12,5 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/", include("tasks.urls")),
     path("console/", include("console.urls")),
+    path("sandbox/", include("sandbox.urls")),
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
@@ -16,7 +17,7 @@ from rest_framework.views import APIView
 from audit.models import TransitionEvent
 from ledger.models import Action
 from tasks import checkpoints, registry, selectors, services
-from tasks.models import Checkpoint, Task
+from tasks.models import Checkpoint, Lease, Task
 from tasks.states import ActorKind, State
 from tasks.transitions import Actor
 from tenancy.models import Role
@@ -122,8 +123,12 @@ class TaskDetail(TaskSummary):
     def get_escalation(self, task: Task) -> dict[str, Any]:
         return {"level": task.escalation_level, "to": task.escalated_to, "reason": task.escalation_reason}
 
-    def get_lease(self, task: Task) -> None:
-        return None  # leases arrive with the workers
+    def get_lease(self, task: Task) -> dict[str, Any] | None:
+        lease = Lease.objects.filter(task=task).first()
+        if lease is None:
+            return None
+        return {"worker_id": lease.worker_id, "token": lease.token, "heartbeat_at": lease.heartbeat_at,
+                "expires_at": lease.expires_at, "live": lease.expires_at > timezone.now()}
 
     def get_pending_approvals(self, task: Task) -> list[Any]:
         return []  # approval requests arrive with the approvals app
@@ -412,3 +417,80 @@ def control_view(name: str):
     return extend_schema(operation_id=f"tasks_{name}")(
         type(f"Task{name.title()}Api", (TaskControlApi,), {"control": name})
     ).as_view()
+
+
+class DeliveryOut(serializers.Serializer):
+    applied = serializers.BooleanField(help_text="False: a duplicate, acknowledged and not applied again")
+    note = serializers.CharField()
+    task = TaskDetail()
+
+
+def _delivery_response(request: Request, delivery: services.Delivery) -> Response:
+    task = Task.objects.select_related("tenant", "owner").get(pk=delivery.task.pk)
+    body = {"applied": delivery.applied, "note": delivery.note,
+            "task": TaskDetail(task, context={"request": request}).data}
+    return Response(body, status=status.HTTP_200_OK)
+
+
+def _integrator(request: Request, task: Task) -> Actor:
+    """Feeding a task input and events needs the operator or admin role in its tenant."""
+    if not selectors.roles_in(request.user, task) & {Role.OPERATOR, Role.ADMIN}:
+        raise PermissionDenied("Feeding a task needs the operator or admin role in its tenant.")
+    return Actor.user(request.user, ActorKind.INTEGRATOR)
+
+
+class TaskInputApi(APIView):
+    """POST /api/tasks/{id}/input/ — answer a task waiting for input."""
+
+    class Input(serializers.Serializer):
+        expected_version = serializers.IntegerField(min_value=1, max_value=MAX_VERSION)
+        payload = serializers.JSONField(help_text='{"answer": <string, number or boolean>}')
+
+        def validate_payload(self, value: Any) -> dict[str, Any]:
+            if not isinstance(value, dict) or "answer" not in value:
+                raise serializers.ValidationError('Expected an object with an "answer".')
+            answer = value["answer"]
+            if not isinstance(answer, str | int | float | bool) or (isinstance(answer, str) and len(answer) > 2000):
+                raise serializers.ValidationError("answer must be a string (up to 2000 characters), number or boolean.")
+            if isinstance(answer, int) and not isinstance(answer, bool) and abs(answer) > 2**53:
+                raise serializers.ValidationError("answer is too large a number.")
+            _no_nul(value, "payload")
+            return value
+
+    @extend_schema(operation_id="tasks_input", request=Input,
+                   responses={200: DeliveryOut, 400: OpenApiResponse(), 403: OpenApiResponse(),
+                              404: OpenApiResponse(), 409: CONFLICT})
+    def post(self, request: Request, task_id) -> Response:
+        task = selectors.get_visible_task(request.user, task_id)
+        actor = _integrator(request, task)
+        body = self.Input(data=request.data)
+        body.is_valid(raise_exception=True)
+        delivery = services.task_provide_input(task, expected_version=body.validated_data["expected_version"],
+                                               answer=body.validated_data["payload"]["answer"], actor=actor)
+        return _delivery_response(request, delivery)
+
+
+class TaskExternalEventApi(APIView):
+    """POST /api/tasks/{id}/external-events/ — deliver an event; ``event_key`` dedupes."""
+
+    class Input(serializers.Serializer):
+        event_key = serializers.CharField(max_length=200)
+        event_type = serializers.CharField(max_length=100)
+        payload = serializers.JSONField(default=dict)
+
+        def validate_payload(self, value: Any) -> dict[str, Any]:
+            if not isinstance(value, dict):
+                raise serializers.ValidationError("Expected a JSON object.")
+            _no_nul(value, "payload")
+            return value
+
+    @extend_schema(operation_id="tasks_external_events", request=Input,
+                   responses={200: DeliveryOut, 400: OpenApiResponse(), 403: OpenApiResponse(),
+                              404: OpenApiResponse(), 409: CONFLICT})
+    def post(self, request: Request, task_id) -> Response:
+        task = selectors.get_visible_task(request.user, task_id)
+        actor = _integrator(request, task)
+        body = self.Input(data=request.data)
+        body.is_valid(raise_exception=True)
+        delivery = services.task_deliver_event(task, actor=actor, **body.validated_data)
+        return _delivery_response(request, delivery)

@@ -20,6 +20,12 @@ class StaleVersion(TransitionError):
     code = "stale_version"
 
 
+class LeaseLost(StaleVersion):
+    """The writer's lease lapsed or was taken over: its work is discarded, like a stale version."""
+
+    code = "lease_lost"
+
+
 class TransitionNotAllowed(TransitionError):
     """The table has no such edge for this actor from the current state."""
 

@@ -11,7 +11,7 @@ from django.db import models
 from django.db.models import Q
 
 from tasks.ids import uuid7
-from tasks.states import WAITING, State
+from tasks.states import RUNNABLE, WAITING, State
 
 
 class Task(models.Model):
@@ -80,6 +80,12 @@ class Task(models.Model):
             models.Index(fields=["tenant", "-id"], name="task_tenant_id"),
             models.Index(fields=["tenant", "state", "-id"], name="task_tenant_state_id"),
             models.Index(fields=["tenant", "task_type", "-id"], name="task_tenant_type_id"),
+            # Workers' claim query: runnable tasks of a region, longest waiting first.
+            models.Index(
+                fields=["region", "state_entered_at"],
+                condition=Q(state__in=sorted(RUNNABLE)),
+                name="task_runnable",
+            ),
             # Sweeps: waits past their deadline.
             models.Index(
                 fields=["wait_deadline"],
@@ -113,3 +119,106 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"checkpoint {self.task_id} v{self.state_version} (schema {self.schema_version})"
+
+
+class Lease(models.Model):
+    """Which worker may currently advance a task; separate from business state.
+
+    A lease that lapses changes nothing about the task: it only lets another
+    worker claim it. ``token`` grows with every claim and fences writes: the
+    transition primitive refuses a write carrying an older token.
+    """
+
+    task = models.OneToOneField(Task, primary_key=True, on_delete=models.CASCADE, related_name="lease")
+    worker_id = models.CharField(max_length=150)
+    token = models.PositiveBigIntegerField()
+    acquired_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            # The sweep's "eligible task without a live lease" anti-join, and lease-expiry reports.
+            models.Index(fields=["expires_at"], name="lease_expires_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"lease {self.task_id} #{self.token} by {self.worker_id} until {self.expires_at:%H:%M:%S}"
+
+
+class ExternalEvent(models.Model):
+    """An event an outside system delivered for a task; ``event_key`` makes delivery idempotent."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="external_events")
+    event_key = models.CharField(max_length=200)
+    event_type = models.CharField(max_length=100)
+    payload = models.JSONField(default=dict)
+    received_at = models.DateTimeField()
+    # The task version this event moved the task to, when it ended a wait.
+    applied_version = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "event_key"], name="external_event_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} {self.event_key} for {self.task_id}"
+
+
+class TaskInput(models.Model):
+    """An answer to ``waiting_input``; one per waiting version, so a repeated post applies once."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="inputs")
+    answered_version = models.PositiveIntegerField()
+    payload = models.JSONField()
+    payload_digest = models.CharField(max_length=64)
+    submitted_by = models.CharField(max_length=150)
+    received_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "answered_version"], name="task_input_once_per_wait"),
+        ]
+
+    def __str__(self) -> str:
+        return f"input for {self.task_id} at v{self.answered_version}"
+
+
+class Policy(models.Model):
+    """The policy version in force for a task type; admins change it, resumes revalidate against it."""
+
+    task_type = models.CharField(max_length=64, unique=True)
+    version = models.CharField(max_length=64)
+    changed_at = models.DateTimeField(auto_now=True)
+    changed_by = models.CharField(max_length=150, blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"{self.task_type} policy {self.version}"
+
+
+class RuntimeConfig(models.Model):
+    """A (model, prompt, tool set) combination approved — or no longer — for a task type."""
+
+    task_type = models.CharField(max_length=64)
+    model_id = models.CharField(max_length=128)
+    prompt_id = models.CharField(max_length=128)
+    toolset_id = models.CharField(max_length=128)
+    approved = models.BooleanField(default=True)
+    # The one configuration new tasks and replans of this type use.
+    current = models.BooleanField(default=False)
+    changed_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task_type", "model_id", "prompt_id", "toolset_id"], name="runtime_config_unique"
+            ),
+            models.UniqueConstraint(
+                fields=["task_type"], condition=Q(current=True), name="runtime_config_one_current"
+            ),
+            models.CheckConstraint(condition=~Q(current=True) | Q(approved=True), name="runtime_config_current_approved"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_type}: {self.model_id} / {self.prompt_id} / {self.toolset_id}"

@@ -1,35 +1,89 @@
-"""Task types: what a tenant may start, and what input each one accepts.
+"""Task types: small declarative workflows of steps.
 
-A task type names its input model (pydantic, ``extra="forbid"``), the step
-its workflow starts at and the runtime configuration (model, prompt, tool set)
-new tasks of the type are approved to run with.
+A task type names its input model, its steps (by name, each saying which step
+comes next) and its policies: how many attempts a transient failure gets, what
+a policy change during a wait means, what an expired wait does. The engine
+(``tasks.engine``) interprets the steps; nothing here does I/O.
+
+Steps are written to be safe to run again from their checkpoint: evidence is
+re-read, model turns are recomputed, and a wait whose answer is already among
+the accepted facts is not entered twice.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
 from decimal import Decimal
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+Facts = Mapping[str, Any]
 
 
-class _Input(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+# --- steps -------------------------------------------------------------------------------------------
 
 
-class RefundRequestInput(_Input):
-    order_id: ShortText
-    customer_email: Annotated[str, StringConstraints(pattern=r"^[^@\s]+@[^@\s]+$", max_length=254)]
-    amount: Decimal = Field(gt=0, max_digits=12, decimal_places=2)
-    currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")] = "USD"
-    reason: Annotated[str, StringConstraints(max_length=2000)] = ""
+@dataclass(frozen=True)
+class Step:
+    name: str
+    next: str = ""
 
 
-class OrderLookupInput(_Input):
-    order_id: ShortText
+@dataclass(frozen=True)
+class ReadEvidence(Step):
+    """Read a record from ``system``; keep its reference and the facts named in ``facts``."""
+
+    system: str = ""
+    record_from: str = ""  # the fact holding the record id
+    facts: Mapping[str, str] = field(default_factory=dict)  # record field -> fact name
+
+
+@dataclass(frozen=True)
+class ModelTurn(Step):
+    """Ask the model; its answer becomes fact ``output`` and picks the next step by ``routes``."""
+
+    prompt_id: str = ""
+    instructions: str = ""
+    output: str = ""
+    routes: Mapping[str, str] = field(default_factory=dict)  # answer -> next step ("" = self.next)
+
+
+@dataclass(frozen=True)
+class RequestInput(Step):
+    """Ask a person; their answer becomes fact ``answer``."""
+
+    question: str = ""
+    answer: str = ""
+    timeout: timedelta = timedelta(days=2)
+
+
+@dataclass(frozen=True)
+class AwaitExternal(Step):
+    """Wait for an external event of ``event_type``; its payload field ``value`` becomes fact ``fact``."""
+
+    event_type: str = ""
+    fact: str = ""
+    value: str = "value"
+    timeout: timedelta = timedelta(days=7)
+
+
+@dataclass(frozen=True)
+class Complete(Step):
+    """Finish; ``outcome`` picks the facts the terminal outcome reports."""
+
+    outcome: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Fail(Step):
+    reason: str = ""
+
+
+# --- task types ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -37,10 +91,44 @@ class TaskType:
     name: str
     description: str
     input_model: type[BaseModel]
-    first_step: str
+    steps: tuple[Step, ...]
     model_id: str = "scripted-v1"
     prompt_id: str = ""
     toolset_id: str = ""
+    max_attempts: int = 5
+    backoff: timedelta = timedelta(seconds=5)  # doubled per attempt
+    # What a changed policy version found on resume means: start planning again
+    # from ``replan_step``, or carry on.
+    on_policy_change: Literal["replan", "proceed"] = "replan"
+    replan_step: str = ""
+    # What an expired wait does: revalidate (and so ask again) or expire the task.
+    on_wait_expiry: Literal["expire", "revalidate"] = "expire"
+    # Derives the first facts from the accepted input (by default: its scalar fields).
+    initial_facts: Callable[[Mapping[str, Any]], dict[str, Any]] = lambda accepted: {
+        key: value for key, value in accepted.items() if isinstance(value, str | int | float | bool | None)
+    }
+
+    def __post_init__(self) -> None:
+        names = [step.name for step in self.steps]
+        if len(names) != len(set(names)):
+            raise ValueError(f"{self.name}: duplicate step names")
+        targets = {step.next for step in self.steps if step.next}
+        targets |= {t for step in self.steps if isinstance(step, ModelTurn) for t in step.routes.values() if t}
+        if self.replan_step:
+            targets.add(self.replan_step)
+        unknown = targets - set(names)
+        if unknown:
+            raise ValueError(f"{self.name}: steps lead to unknown steps {sorted(unknown)}")
+
+    @property
+    def first_step(self) -> str:
+        return self.steps[0].name
+
+    def step(self, name: str) -> Step | None:
+        return next((step for step in self.steps if step.name == name), None)
+
+    def backoff_for(self, attempt: int) -> timedelta:
+        return self.backoff * (2 ** max(attempt - 1, 0))
 
 
 _REGISTRY: dict[str, TaskType] = {}
@@ -61,23 +149,73 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+# --- the demo task types ------------------------------------------------------------------------
+
+
+class _Input(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RefundRequestInput(_Input):
+    order_id: ShortText
+    customer_email: Annotated[str, StringConstraints(pattern=r"^[^@\s]+@[^@\s]+$", max_length=254)]
+    amount: Decimal = Field(gt=0, max_digits=12, decimal_places=2)
+    currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")] = "USD"
+    reason: Annotated[str, StringConstraints(max_length=2000)] = ""
+
+
+class OrderLookupInput(_Input):
+    order_id: ShortText
+
+
 register(
     TaskType(
         name="refund_request",
-        description="Gather evidence, ask the customer, wait for the return shipment, get approval, refund.",
+        description="Gather evidence, ask the customer, wait for the return shipment, then refund.",
         input_model=RefundRequestInput,
-        first_step="gather_evidence",
         prompt_id="refund-triage@1",
-        toolset_id="payments+tickets@1",
+        toolset_id="orders+payments@1",
+        replan_step="gather_evidence",
+        steps=(
+            ReadEvidence(
+                "gather_evidence", next="triage", system="orders", record_from="order_id",
+                facts={"status": "order_status", "total": "order_total"},
+            ),
+            ModelTurn(
+                "triage", next="ask_customer", prompt_id="refund-triage@1", output="triage",
+                instructions="Decide whether this refund can proceed: answer 'refund' or 'escalate'.",
+                routes={"refund": "ask_customer", "escalate": "manual_review"},
+            ),
+            RequestInput(
+                "ask_customer", next="await_return", question="Which item was damaged?",
+                answer="damaged_item",
+            ),
+            AwaitExternal(
+                "await_return", next="done", event_type="shipment.returned", fact="return_tracking",
+                value="tracking_number",
+            ),
+            Complete("done", outcome=("order_id", "amount", "damaged_item", "return_tracking")),
+            Fail("manual_review", reason="refund_needs_manual_review"),
+        ),
     )
 )
+
 register(
     TaskType(
         name="order_lookup",
         description="Look an order up in the order system, retrying while it is unavailable.",
         input_model=OrderLookupInput,
-        first_step="lookup",
         prompt_id="order-lookup@1",
         toolset_id="orders@1",
+        replan_step="lookup",
+        max_attempts=4,
+        backoff=timedelta(seconds=2),
+        steps=(
+            ReadEvidence("lookup", next="summarize", system="orders", record_from="order_id",
+                         facts={"status": "order_status"}),
+            ModelTurn("summarize", next="done", prompt_id="order-lookup@1", output="summary",
+                      instructions="Summarize the order's status in one sentence."),
+            Complete("done", outcome=("order_id", "order_status", "summary")),
+        ),
     )
 )

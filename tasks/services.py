@@ -12,12 +12,15 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError
+from django.utils import timezone
 from pydantic import ValidationError
 
-from tasks import checkpoints, registry
+from tasks import checkpoints, doorbell, registry
+from tasks.checkpoints import Scalar
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
-from tasks.models import Checkpoint, Task
-from tasks.states import State, Trigger, edges_from, kinds_for_roles
+from tasks.leases import Held
+from tasks.models import Checkpoint, ExternalEvent, Policy, RuntimeConfig, Task, TaskInput
+from tasks.states import RUNNABLE, State, Trigger, edges_from, kinds_for_roles
 from tasks.transitions import Actor, advance, task_start
 from tenancy.models import Tenant
 
@@ -91,6 +94,8 @@ def task_create(
         found = existing()
         if found is not None:
             return found, False
+    policy = Policy.objects.filter(task_type=task_type).values_list("version", flat=True).first()
+    config = RuntimeConfig.objects.filter(task_type=task_type, current=True).first()
     task = Task(
         tenant=tenant,
         task_type=task_type,
@@ -102,14 +107,18 @@ def task_create(
         request_digest=digest,
         parent=parent,
         region=region or settings.WORKER_REGION,
-        policy_version=settings.DEFAULT_POLICY_VERSION,
-        model_id=kind.model_id,
-        prompt_id=kind.prompt_id,
-        toolset_id=kind.toolset_id,
+        policy_version=policy or settings.DEFAULT_POLICY_VERSION,
+        model_id=config.model_id if config else kind.model_id,
+        prompt_id=config.prompt_id if config else kind.prompt_id,
+        toolset_id=config.toolset_id if config else kind.toolset_id,
     )
-    progress = checkpoints.Progress(step=kind.first_step, input_refs=[f"task:{task.id}/input"])
+    progress = checkpoints.Progress(
+        step=kind.first_step, input_refs=[f"task:{task.id}/input"], facts=kind.initial_facts(accepted)
+    )
     try:
-        return task_start(task, actor=actor, progress=progress, reason=objective[:200]), True
+        task = task_start(task, actor=actor, progress=progress, reason=objective[:200])
+        doorbell.ring(task.id, task.region)
+        return task, True
     except IntegrityError:
         # Lost a race with the same key: the winner's task is the answer.
         found = existing() if idempotency_key else None
@@ -140,7 +149,7 @@ class ResumePoint:
         return self.checkpoint is None
 
 
-def task_resume_point(task_id: UUID | str, *, actor: Actor) -> ResumePoint:
+def task_resume_point(task_id: UUID | str, *, actor: Actor, lease: Held | None = None) -> ResumePoint:
     """Load a task and the checkpoint it would resume from.
 
     A checkpoint the running code cannot use (newer schema, corrupt,
@@ -162,6 +171,7 @@ def task_resume_point(task_id: UUID | str, *, actor: Actor) -> ResumePoint:
             trigger=Trigger.QUARANTINE,
             reason=exc.detail,
             reason_code=exc.reason,
+            lease=lease,
         )
         return ResumePoint(task, None)
 
@@ -246,3 +256,111 @@ def task_control(
         **changes,
     )
     return ControlResult(task, applied=True)
+
+
+def _ring_if_runnable(task: Task) -> None:
+    if task.state in RUNNABLE:
+        doorbell.ring(task.id, task.region)
+
+
+def _digest(payload: Any) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Delivery:
+    task: Task
+    applied: bool  # False: a duplicate, acknowledged and not applied again
+    note: str = ""
+
+
+def _waiting_step(task: Task, kind: type) -> tuple[checkpoints.Checkpoint, Any]:
+    point = latest_checkpoint(task)
+    step = registry.get(task.task_type).step(point.step)
+    if not isinstance(step, kind):
+        raise TransitionNotAllowed(
+            f"the task is not waiting at a {kind.__name__} step", state=task.state, state_version=task.state_version
+        )
+    return point, step
+
+
+def task_provide_input(task: Task, *, expected_version: int, answer: Scalar, actor: Actor) -> Delivery:
+    """Answer a task in ``waiting_input``; it then goes through resume validation.
+
+    The same answer posted again for the same wait is acknowledged and not
+    applied twice (``applied=False``); a different answer for a wait already
+    answered, or one at a stale version, raises ``StaleVersion``.
+    Raises ``TransitionNotAllowed`` when the task is not waiting for input.
+    """
+    payload = {"answer": answer}
+    earlier = TaskInput.objects.filter(task=task, answered_version=expected_version).first()
+    if earlier is not None and earlier.payload_digest == _digest(payload):
+        return Delivery(task, applied=False, note="this answer was already applied")
+    if task.state_version != expected_version:
+        raise StaleVersion(f"task is at version {task.state_version}, not {expected_version}",
+                           state=task.state, state_version=task.state_version)
+    if task.state != State.WAITING_INPUT:
+        raise TransitionNotAllowed("the task is not waiting for input", state=task.state,
+                                   state_version=task.state_version)
+    point, step = _waiting_step(task, registry.RequestInput)
+    now = timezone.now()
+    record = TaskInput(task=task, answered_version=expected_version, payload=payload, payload_digest=_digest(payload),
+                       submitted_by=actor.id, received_at=now)
+    progress = point.progress.model_copy(update={
+        "step": step.next,
+        "facts": {**point.facts, step.answer: answer},
+        "input_refs": [*point.input_refs, f"input:v{expected_version}"],
+    })
+    try:
+        task = advance(task.id, expected_version, State.RESUME_VALIDATION, actor=actor, trigger=Trigger.INPUT_RECEIVED,
+                       reason=f"answer to: {step.question}"[:200], progress=progress, records=[record])
+    except IntegrityError:  # the same wait answered concurrently
+        return task_provide_input(Task.objects.get(pk=task.pk), expected_version=expected_version, answer=answer,
+                                  actor=actor)
+    _ring_if_runnable(task)
+    return Delivery(task, applied=True)
+
+
+def task_deliver_event(task: Task, *, event_key: str, event_type: str, payload: dict[str, Any],
+                       actor: Actor) -> Delivery:
+    """Record an external event once per ``event_key``; end the wait it answers.
+
+    A duplicate key is acknowledged and applied nothing (``applied=False``).
+    An event the task is not (yet) waiting for is kept, and applied when the
+    task reaches the step that waits for it.
+    """
+    if ExternalEvent.objects.filter(task=task, event_key=event_key).exists():
+        return Delivery(task, applied=False, note="duplicate event_key: already received")
+    now = timezone.now()
+    event = ExternalEvent(task=task, event_key=event_key, event_type=event_type, payload=payload, received_at=now)
+    step = None
+    if task.state == State.WAITING_EXTERNAL:
+        try:
+            point, step = _waiting_step(task, registry.AwaitExternal)
+        except (TransitionNotAllowed, checkpoints.CheckpointUnreadable):
+            step = None  # not a wait this event can end; keep it (a worker will sort the task out)
+    if step is None or step.event_type != event_type:
+        try:
+            event.save(force_insert=True)
+        except IntegrityError:
+            return Delivery(task, applied=False, note="duplicate event_key: already received")
+        return Delivery(task, applied=True, note="stored until the task waits for it")
+    event.applied_version = task.state_version + 1
+    value = payload.get(step.value)
+    progress = point.progress.model_copy(update={
+        "step": step.next,
+        "facts": {**point.facts, step.fact: value if isinstance(value, str | int | float | bool) else None},
+        "input_refs": [*point.input_refs, f"event:{event_key}"],
+    })
+    try:
+        task = advance(task.id, task.state_version, State.RESUME_VALIDATION, actor=actor,
+                       trigger=Trigger.EXTERNAL_EVENT, reason=f"{event_type} {event_key}"[:200], progress=progress,
+                       records=[event])
+    except IntegrityError:
+        return Delivery(Task.objects.get(pk=task.pk), applied=False, note="duplicate event_key: already received")
+    except StaleVersion:
+        # The task moved while we looked: keep the event; the engine applies it when the task waits for it.
+        return task_deliver_event(Task.objects.get(pk=task.pk), event_key=event_key, event_type=event_type,
+                                  payload=payload, actor=actor)
+    _ring_if_runnable(task)
+    return Delivery(task, applied=True)

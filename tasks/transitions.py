@@ -17,8 +17,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.db import transaction
-from django.db.models import F
+from django.db import models, transaction
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 from opentelemetry import trace
 
@@ -26,8 +26,9 @@ from audit.chain import GENESIS, event_hash
 from audit.models import TransitionEvent
 from ledger.models import Action
 from tasks import checkpoints
-from tasks.exceptions import StaleVersion, TaskNotFound, TransitionNotAllowed
-from tasks.models import Checkpoint, Task
+from tasks.exceptions import LeaseLost, StaleVersion, TaskNotFound, TransitionNotAllowed
+from tasks.leases import Held
+from tasks.models import Checkpoint, Lease, Task
 from tasks.states import WAITING, ActorKind, State, Trigger, find_edge
 
 log = logging.getLogger(__name__)
@@ -175,12 +176,17 @@ def _ledger_rows(task: Task, intents: Iterable[ActionIntent], now: datetime) -> 
     ]
 
 
-def _write_records(event: TransitionEvent, checkpoint: Checkpoint | None, actions: list[Action]) -> None:
+def _write_history(
+    event: TransitionEvent, checkpoint: Checkpoint | None, actions: list[Action], records: Iterable[models.Model] = ()
+) -> None:
+    """Every row a transition adds besides the task update, inside its transaction."""
     TransitionEvent.objects.bulk_create([event])
     if checkpoint is not None:
         Checkpoint.objects.bulk_create([checkpoint])
     if actions:
         Action.objects.bulk_create(actions)
+    for record in records:
+        record.save(force_insert=True)
 
 
 def task_start(
@@ -215,7 +221,7 @@ def task_start(
         task.audit_head = event.hash
         with transaction.atomic(durable=True):
             task.save(force_insert=True)
-            _write_records(event, _checkpoint_for(task, progress, rows, traceparent), rows)
+            _write_history(event, _checkpoint_for(task, progress, rows, traceparent), rows)
     log.info("task started", extra={"task_id": str(task.id), "task_type": task.task_type})
     return task
 
@@ -231,6 +237,8 @@ def advance(
     reason_code: str = "",
     progress: checkpoints.Progress | None = None,
     actions: Iterable[ActionIntent] = (),
+    lease: Held | None = None,
+    records: Iterable[models.Model] = (),
     **changes: Any,
 ) -> Task:
     """Move a task from its current state to ``to_state`` at ``expected_version``.
@@ -240,6 +248,12 @@ def advance(
     task is at ``expected_version + 1`` and, in the same commit, the audit
     log has one new event, ``progress`` (if given) became a checkpoint for the
     new version, and each of ``actions`` an intended ledger row.
+
+    ``records`` are other rows that must commit with this transition or not at
+    all (an input answer, an external event, an approval decision).
+
+    A worker passes the ``lease`` it holds: the write then also requires that
+    lease to be live with the same fencing token.
 
     ``changes`` may set the fields in ``CHANGEABLE``. ``wait_deadline`` is
     kept on a self-loop, cleared when leaving a wait, and required when
@@ -251,8 +265,10 @@ def advance(
       when a concurrent writer commits first); reload and decide again;
     - ``TransitionNotAllowed`` — no edge from the current state to
       ``to_state`` for this actor (and trigger);
+    - ``LeaseLost`` — ``lease`` lapsed or another worker claimed the task since;
     - ``ValueError`` — an unknown field in ``changes``, or a wait without a deadline;
-    - ``IntegrityError`` — an action whose idempotency key already exists.
+    - ``IntegrityError`` — an action whose idempotency key already exists, or
+      a ``records`` row breaking a unique constraint (a duplicate delivery).
     """
     unknown = set(changes) - CHANGEABLE
     if unknown:
@@ -322,9 +338,11 @@ def advance(
             )
             if updated != 1:
                 current = Task.objects.filter(pk=task.pk).values("state", "state_version").get()
+                if lease is not None and current["state_version"] == expected_version:
+                    raise LeaseLost(f"lease #{lease.token} on task {task.pk} is no longer held", **current)
                 raise StaleVersion(f"task moved on from version {expected_version}", **current)
             checkpoint = _checkpoint_for(task, progress, rows, traceparent) if progress is not None else None
-            _write_records(event, checkpoint, rows)
+            _write_history(event, checkpoint, rows, records)
         span.set_attribute("task.state_version", task.state_version)
     log.info(
         "task advanced",

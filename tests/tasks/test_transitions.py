@@ -154,13 +154,13 @@ def test_a_transition_writes_event_checkpoint_and_ledger_rows_together(acme):
 
 def test_a_failure_before_commit_leaves_no_trace(acme, monkeypatch):
     task = make_task(acme)
-    real_write = transitions._write_records
+    real_write = transitions._write_history
 
     def write_then_crash(*args, **kwargs):
         real_write(*args, **kwargs)  # the update, event, checkpoint and actions are all written…
         raise RuntimeError("process died before COMMIT")  # …and the commit never happens
 
-    monkeypatch.setattr(transitions, "_write_records", write_then_crash)
+    monkeypatch.setattr(transitions, "_write_history", write_then_crash)
     with pytest.raises(RuntimeError):
         advance(
             task.id,

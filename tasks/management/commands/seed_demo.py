@@ -2,25 +2,27 @@
 
 Tenants ``acme`` and ``globex``; in each, users ``<tenant>-operator``,
 ``-approver``, ``-approver2``, ``-auditor``, ``-admin`` with password
-``$DEMO_PASSWORD`` (default ``demo``), and tasks in every waiting state,
-``outcome_unknown``, ``quarantined``, ``ready`` and ``completed``.
+``$DEMO_PASSWORD`` (default ``demo``); the sandbox order records, policies and
+approved runtime configs; and tasks waiting for input, an external event and a
+retry, one quarantined and two ready for the workers to drive.
 """
 
 from __future__ import annotations
 
 import os
 from datetime import timedelta
-from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from tasks import checkpoints
+from sandbox.models import Record
+from tasks import checkpoints, registry
+from tasks.models import Policy, RuntimeConfig
 from tasks.services import task_create
 from tasks.states import ActorKind, State, Trigger
-from tasks.transitions import ActionIntent, Actor, advance
+from tasks.transitions import Actor, advance
 from tenancy.models import Membership, Role, Tenant
 
 TENANTS = {"acme": "Acme Corporation", "globex": "Globex Inc."}
@@ -50,6 +52,8 @@ class Command(BaseCommand):
         if not settings.DEBUG:
             raise CommandError("seed_demo refuses to run under production settings (DEBUG is off).")
         password = os.environ.get("DEMO_PASSWORD", "demo")
+        seed_sandbox()
+        seed_policies()
         User = get_user_model()
         for slug, name in TENANTS.items():
             tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": name})
@@ -67,102 +71,72 @@ class Command(BaseCommand):
 
     def _tasks(self, tenant: Tenant, operator) -> None:
         worker = Actor.worker("seed-demo")
-        soon = timezone.now()
+        now = timezone.now()
 
         def start(key: str, task_type: str, objective: str, input: dict):
             task, created = task_create(
-                tenant=tenant,
-                task_type=task_type,
-                objective=objective,
-                input=input,
-                owner=operator,
-                idempotency_key=f"demo-{key}",
-                actor=Actor.user(operator, ActorKind.INTEGRATOR),
+                tenant=tenant, task_type=task_type, objective=objective, input=input, owner=operator,
+                idempotency_key=f"demo-{key}", actor=Actor.user(operator, ActorKind.INTEGRATOR),
             )
             return task if created else None
 
-        def wait(task, state: State, trigger: Trigger, step: str, hours: int, **extra):
-            return advance(
-                task.id,
-                task.state_version,
-                state,
-                actor=worker,
-                trigger=trigger,
-                progress=checkpoints.Progress(step=step),
-                wait_deadline=soon + timedelta(hours=hours),
-                **extra,
-            )
+        def read(order: str, **facts) -> checkpoints.Progress:
+            """Where a refund stands once the order was read and triaged."""
+            evidence = [checkpoints.EvidenceRef(system="orders", record_id=order, record_version="1", fetched_at=now)]
+            order_facts = {"order_status": "delivered", "order_total": ORDERS[order]["total"], "triage": "refund"}
+            return checkpoints.Progress(step="", facts={**order_facts, **facts}, evidence=evidence)
 
-        start(
-            "ready",
-            "refund_request",
-            "Refund order A-100 (eligible, no worker yet)",
-            _refund("A-100", "12.50"),
+        def wait(task, state: State, trigger: Trigger, step: str, hours: float, progress, **extra):
+            progress = progress.model_copy(update={"step": step, "facts": {**task_facts(task), **progress.facts}})
+            return advance(task.id, task.state_version, state, actor=worker, trigger=trigger, progress=progress,
+                           wait_deadline=now + timedelta(hours=hours), **extra)
+
+        start("ready", "refund_request", "Refund order A-100 (eligible: a worker will pick it up)",
+              _refund("A-100", "12.50"))
+        if task := start("input", "refund_request", "Refund order A-101: which item was damaged?",
+                         _refund("A-101", "49.00")):
+            wait(task, State.WAITING_INPUT, Trigger.REQUEST_INPUT, "ask_customer", 48, read("A-101"))
+        if task := start("external", "refund_request", "Refund order A-103: waiting for the return shipment",
+                         _refund("A-103", "89.90")):
+            wait(task, State.WAITING_EXTERNAL, Trigger.AWAIT_EXTERNAL, "await_return", 72,
+                 read("A-103", damaged_item="teapot lid"))
+        if task := start("retry", "order_lookup", "Look up order A-104 (order system was unavailable)",
+                         {"order_id": "A-104"}):
+            wait(task, State.WAITING_RETRY, Trigger.ATTEMPT_FAILED, "lookup", 0.01, checkpoints.Progress(step=""),
+                 attempt=1)
+        if task := start("quarantined", "refund_request", "Refund order A-106 (held for review)",
+                         _refund("A-106", "2500.00")):
+            advance(task.id, task.state_version, State.QUARANTINED, actor=Actor.user(operator, ActorKind.OPERATOR),
+                    trigger=Trigger.QUARANTINE, reason="Amount far above the customer's history",
+                    reason_code="quarantine")
+        start("lookup", "order_lookup", "Look up order A-107", {"order_id": "A-107"})
+
+
+ORDERS = {
+    "A-100": {"status": "delivered", "total": "12.50"},
+    "A-101": {"status": "delivered", "total": "49.00"},
+    "A-103": {"status": "delivered", "total": "89.90"},
+    "A-104": {"status": "shipped", "total": "15.00"},
+    "A-106": {"status": "delivered", "total": "150.00"},
+    "A-107": {"status": "delivered", "total": "32.00"},
+}
+
+
+def task_facts(task) -> dict:
+    return registry.get(task.task_type).initial_facts(task.input)
+
+
+def seed_sandbox() -> None:
+    """The order system's records the demo tasks read as evidence (version 1 each)."""
+    for order, data in ORDERS.items():
+        Record.objects.get_or_create(system="orders", record_id=order, defaults={"data": data})
+
+
+def seed_policies() -> None:
+    for name in registry.names():
+        kind = registry.get(name)
+        Policy.objects.get_or_create(task_type=name, defaults={"version": settings.DEFAULT_POLICY_VERSION})
+        RuntimeConfig.objects.get_or_create(
+            task_type=name, model_id=kind.model_id, prompt_id=kind.prompt_id, toolset_id=kind.toolset_id,
+            defaults={"approved": True, "current": True},
         )
-        if task := start(
-            "input",
-            "refund_request",
-            "Refund order A-101: which item was damaged?",
-            _refund("A-101", "49.00"),
-        ):
-            wait(task, State.WAITING_INPUT, Trigger.REQUEST_INPUT, "ask_customer", 48)
-        if task := start(
-            "approval", "refund_request", "Refund order A-102 (needs approval)", _refund("A-102", "420.00")
-        ):
-            wait(task, State.WAITING_APPROVAL, Trigger.REQUEST_APPROVAL, "request_approval", 24)
-        if task := start(
-            "external",
-            "refund_request",
-            "Refund order A-103: waiting for the return shipment",
-            _refund("A-103", "89.90"),
-        ):
-            wait(task, State.WAITING_EXTERNAL, Trigger.AWAIT_EXTERNAL, "await_return", 72)
-        if task := start(
-            "retry", "order_lookup", "Look up order A-104 (order system unavailable)", {"order_id": "A-104"}
-        ):
-            wait(task, State.WAITING_RETRY, Trigger.ATTEMPT_FAILED, "lookup", 1, attempt=1)
-        if task := start(
-            "unknown", "refund_request", "Refund order A-105: payment timed out", _refund("A-105", "19.99")
-        ):
-            effect = {
-                "kind": "refund",
-                "order_id": "A-105",
-                "amount": str(Decimal("19.99")),
-                "currency": "USD",
-            }
-            advance(
-                task.id,
-                task.state_version,
-                State.OUTCOME_UNKNOWN,
-                actor=worker,
-                trigger=Trigger.DISPATCH_UNKNOWN,
-                reason="payments timed out after 10s",
-                reason_code="dispatch_timeout",
-                progress=checkpoints.Progress(step="refund"),
-                actions=[ActionIntent(step="refund", connector="payments", effect=effect)],
-            )
-        if task := start(
-            "quarantined",
-            "refund_request",
-            "Refund order A-106 (held for review)",
-            _refund("A-106", "2500.00"),
-        ):
-            advance(
-                task.id,
-                task.state_version,
-                State.QUARANTINED,
-                actor=Actor.user(operator, ActorKind.OPERATOR),
-                trigger=Trigger.QUARANTINE,
-                reason="Amount far above the customer's history",
-                reason_code="quarantine",
-            )
-        if task := start("completed", "order_lookup", "Look up order A-107", {"order_id": "A-107"}):
-            advance(
-                task.id,
-                task.state_version,
-                State.COMPLETED,
-                actor=worker,
-                trigger=Trigger.COMPLETE,
-                progress=checkpoints.Progress(step="done", facts={"order_status": "delivered"}),
-                outcome={"order_status": "delivered"},
-            )

@@ -1,0 +1,19 @@
+"""The Celery app: a doorbell, not the memory.
+
+Messages only say "task X may be runnable"; PostgreSQL holds every fact. With
+no ``CELERY_BROKER_URL`` the broker is kombu's filesystem transport under
+``var/broker`` — a real broker between real processes, on one host, with no
+server to install.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+app = Celery("config")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks(["tasks"], related_name="workers")

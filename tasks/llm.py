@@ -1,0 +1,106 @@
+"""The ``Model`` interface behind model-turn steps, and its two implementations.
+
+A model turn is replayable computation: its inputs (prompt id, accepted
+facts) and its identity (model id) are recorded, its answer is advisory data
+the workflow validates, and a failure is transient (the task waits and
+retries) — never a reason to repeat a side effect.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+from django.conf import settings
+
+
+class ModelUnavailable(Exception):
+    """The model could not answer now (timeout, HTTP error, garbled reply): retry later."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    model_id: str
+
+
+class Model(Protocol):
+    model_id: str
+
+    def complete(self, *, prompt_id: str, system: str, facts: Mapping[str, Any]) -> Reply: ...
+
+
+Script = Callable[[Mapping[str, Any]], str]
+
+
+class ScriptedModel:
+    """Deterministic answers per prompt id: the demo's and the tests' model."""
+
+    model_id = "scripted-v1"
+
+    def __init__(self, scripts: Mapping[str, Script] | None = None):
+        self.scripts = dict(SCRIPTS if scripts is None else scripts)
+
+    def complete(self, *, prompt_id: str, system: str, facts: Mapping[str, Any]) -> Reply:
+        script = self.scripts.get(prompt_id)
+        if script is None:
+            raise ModelUnavailable(f"scripted model has no script for prompt {prompt_id!r}")
+        return Reply(script(facts), self.model_id)
+
+
+class OpenAICompatibleModel:
+    """Any endpoint speaking the OpenAI chat-completions protocol."""
+
+    def __init__(self, *, base_url: str, model: str, api_key: str = "", timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.model_id = f"openai-compatible:{model}"
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(timeout=timeout, headers=headers, transport=transport)
+
+    def complete(self, *, prompt_id: str, system: str, facts: Mapping[str, Any]) -> Reply:
+        body = {
+            "model": self.model,
+            "temperature": 0,
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": json.dumps(dict(facts), sort_keys=True, default=str)},
+            ],
+            "metadata": {"prompt_id": prompt_id},
+        }
+        try:
+            response = self.client.post(f"{self.base_url}/chat/completions", json=body)
+            response.raise_for_status()
+            payload = response.json()
+            text = payload["choices"][0]["message"]["content"]
+        except httpx.TimeoutException as exc:
+            raise ModelUnavailable(f"model timed out: {exc}") from None
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ModelUnavailable(f"model call failed: {type(exc).__name__}: {exc}") from None
+        if not isinstance(text, str):
+            raise ModelUnavailable("model reply has no text content")
+        return Reply(text.strip(), f"openai-compatible:{payload.get('model', self.model)}")
+
+
+def _refund_triage(facts: Mapping[str, Any]) -> str:
+    """Approve refunds the order supports; anything else goes to a person."""
+    delivered = facts.get("order_status") == "delivered"
+    within = float(facts.get("amount") or 0) <= float(facts.get("order_total") or 0)
+    return "refund" if delivered and within else "escalate"
+
+
+SCRIPTS: dict[str, Script] = {
+    "refund-triage@1": _refund_triage,
+    "order-lookup@1": lambda facts: f"order {facts.get('order_id')} is {facts.get('order_status', 'unknown')}",
+}
+
+
+def default_model() -> Model:
+    if settings.MODEL_BACKEND == "openai":
+        return OpenAICompatibleModel(base_url=settings.MODEL_URL, model=settings.MODEL_NAME,
+                                     api_key=settings.MODEL_API_KEY, timeout=settings.MODEL_TIMEOUT)
+    return ScriptedModel()

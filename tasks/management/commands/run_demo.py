@@ -1,0 +1,54 @@
+"""manage.py run_demo: the whole product in one command, for a laptop.
+
+Starts the web server (console, API and sandbox systems), a Celery worker for
+this region and Celery beat (the sweep), over the configured broker — the
+embedded filesystem broker when ``CELERY_BROKER_URL`` is unset. Stops them all
+when one exits or on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+
+class Command(BaseCommand):
+    help = "Serve the console and run a worker and the sweep (Ctrl-C stops all)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("addrport", nargs="?", default="127.0.0.1:8000")
+        parser.add_argument("--concurrency", type=int, default=2)
+
+    def handle(self, *args, addrport: str, concurrency: int, **options):
+        host, _, port = addrport.rpartition(":")
+        env = {**os.environ, "SANDBOX_BASE_URL": os.environ.get(
+            "SANDBOX_BASE_URL", f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}/sandbox")}
+        celery = [sys.executable, "-m", "celery", "-A", "config"]
+        commands = {
+            "web": [sys.executable, "manage.py", "runserver", "--noreload", addrport],
+            "worker": [*celery, "worker", "-Q", f"region.{settings.WORKER_REGION}", "-c", str(concurrency),
+                       "--loglevel=INFO", "-n", f"worker-{settings.WORKER_REGION}@%h"],
+            "beat": [*celery, "beat", "--loglevel=INFO", "-s", settings.CELERY_BEAT_SCHEDULE_FILENAME],
+        }
+        procs = {name: subprocess.Popen(cmd, env=env) for name, cmd in commands.items()}
+        self.stdout.write(f"console on http://{addrport}/console/  (Ctrl-C stops web, worker and beat)")
+        try:
+            while all(proc.poll() is None for proc in procs.values()):
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in procs.values():
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()

@@ -1,0 +1,54 @@
+"""manage.py run_worker: a worker that polls the database instead of a broker.
+
+1. (with ``--sweep``) end overdue waits and expire late tasks;
+2. claim up to ``--batch`` runnable tasks of ``--region`` without a live lease;
+3. run each until it waits or ends; sleep ``--idle`` seconds when none was found.
+SIGTERM/SIGINT: finish the task in hand, then exit. ``--once`` runs one round.
+The Celery worker (``celery -A config worker``) runs the same resume loop per doorbell.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from tasks import runner, sweep
+from tasks.workers import worker_id
+
+
+class Command(BaseCommand):
+    help = "Run tasks of one region by polling PostgreSQL (no broker needed)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--region", default=settings.WORKER_REGION)
+        parser.add_argument("--batch", type=int, default=10)
+        parser.add_argument("--idle", type=float, default=0.5, help="seconds to sleep when nothing is runnable")
+        parser.add_argument("--lease-ttl", type=float, default=settings.LEASE_TTL_SECONDS)
+        parser.add_argument("--sweep", dest="with_sweep", action="store_true", help="also end overdue waits (no beat running)")
+        parser.add_argument("--once", action="store_true")
+        parser.add_argument("--max-seconds", type=float, default=0, help="stop after this long (0: never)")
+
+    def handle(self, *args, region, batch, idle, lease_ttl, with_sweep, once, max_seconds, **options):
+        stopping = False
+
+        def stop(signum, frame):
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        me, ttl = worker_id(), timedelta(seconds=lease_ttl)
+        started = time.monotonic()
+        self.stdout.write(f"worker {me} region={region} lease={lease_ttl}s")
+        while not stopping:
+            if with_sweep:
+                sweep.sweep(lambda task_id, task_region: None)  # this loop polls; no doorbell needed
+            ran = runner.run_available(worker_id=me, region=region, limit=batch, ttl=ttl)
+            if once or (max_seconds and time.monotonic() - started > max_seconds):
+                break
+            if not ran:
+                time.sleep(idle)

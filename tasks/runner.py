@@ -1,0 +1,80 @@
+"""The resume loop a worker runs for one task.
+
+1. Claim the task's lease (or give up: someone else holds it).
+2. Load the task and its checkpoint (an unreadable checkpoint quarantines it).
+3. Decide the next transition from the checkpoint (``tasks.engine``).
+4. Commit it through ``advance`` at the version it was decided from, fenced
+   by the lease; a stale version or a lost lease discards the decision.
+5. Heartbeat, and repeat while the task stays runnable; release the lease.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from uuid import UUID
+
+from django.utils import timezone
+
+from tasks import chaos, engine, leases, services
+from tasks.exceptions import StaleVersion
+from tasks.llm import Model, default_model
+from tasks.states import RUNNABLE
+from tasks.transitions import Actor, advance
+
+log = logging.getLogger(__name__)
+MAX_STEPS = 50  # bounded work per claim; the sweep hands the task out again
+
+
+def run_task(
+    task_id: UUID | str,
+    *,
+    worker_id: str,
+    region: str,
+    model: Model | None = None,
+    ttl: timedelta = leases.DEFAULT_TTL,
+    held: leases.Held | None = None,
+) -> str:
+    """Run a task's steps until it waits or ends; return what stopped the loop."""
+    lease = held or leases.claim(task_id, worker_id=worker_id, region=region, ttl=ttl)
+    if lease is None:
+        return "not_claimed"
+    actor = Actor.worker(worker_id)
+    model = model or default_model()
+    try:
+        for _ in range(MAX_STEPS):
+            point = services.task_resume_point(task_id, actor=actor, lease=lease)
+            task = point.task
+            if point.quarantined or task.state not in RUNNABLE:
+                return task.state
+            decision = engine.decide(task, point.checkpoint, model=model, now=timezone.now())
+            task = advance(
+                task.id,
+                task.state_version,
+                decision.to_state,
+                actor=actor,
+                trigger=decision.trigger,
+                reason=decision.reason,
+                reason_code=decision.reason_code,
+                progress=decision.progress,
+                lease=lease,
+                **decision.changes,
+            )
+            chaos.after_commit(task, decision.progress.step if decision.progress else None)
+            if not leases.heartbeat(lease, ttl=ttl):
+                return "lease_lost"
+        return "step_budget_spent"
+    except StaleVersion as exc:  # includes LeaseLost: another writer won; our decision is void
+        log.info("discarded a stale decision", extra={"task_id": str(task_id), "why": str(exc)})
+        return exc.code
+    finally:
+        leases.release(lease)
+
+
+def run_available(*, worker_id: str, region: str, limit: int = 10, model: Model | None = None,
+                  ttl: timedelta = leases.DEFAULT_TTL) -> int:
+    """Claim up to ``limit`` eligible tasks of ``region`` and run each; return how many ran."""
+    claimed = leases.claim_next(worker_id=worker_id, region=region, limit=limit, ttl=ttl)
+    for lease in claimed:
+        run_task(lease.task_id, worker_id=worker_id, region=region, model=model, ttl=ttl, held=lease)
+    return len(claimed)

@@ -1,0 +1,91 @@
+"""The periodic sweep: the reason losing every broker message loses no work.
+
+1. Waits past their ``wait_deadline`` move on: a retry wait whose backoff ended
+   goes to resume validation; another wait expires the task or revalidates it,
+   as its task type says.
+2. Tasks past their own ``deadline`` expire (from the states that allow it).
+3. Every runnable task without a live lease rings the doorbell again (dead
+   leases need no separate step: an expired lease is simply not live).
+
+Each move is an ordinary transition at the version read; if something else
+moved the task first, that task is skipped, not retried.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from django.utils import timezone
+
+from tasks import leases, registry
+from tasks.exceptions import StaleVersion, TransitionNotAllowed
+from tasks.models import Task
+from tasks.states import RUNNABLE, TRANSITIONS, WAITING, State, Trigger
+from tasks.transitions import Actor, advance
+
+log = logging.getLogger(__name__)
+BATCH = 500
+SWEEPER = Actor.system("sweep")
+DEADLINE_SOURCES = sorted({edge.source for edge in TRANSITIONS if edge.trigger == Trigger.DEADLINE_PASSED})
+
+
+@dataclass
+class SweepReport:
+    waits_ended: int = 0
+    expired: int = 0
+    rung: int = 0
+
+
+def _move(task: Task, to_state: State, trigger: Trigger, reason: str, **changes) -> bool:
+    try:
+        advance(task.id, task.state_version, to_state, actor=SWEEPER, trigger=trigger, reason=reason,
+                reason_code=trigger, **changes)
+    except (StaleVersion, TransitionNotAllowed):
+        return False  # moved by someone else since we read it
+    return True
+
+
+def end_overdue_waits(now: datetime, report: SweepReport) -> None:
+    overdue = Task.objects.filter(state__in=WAITING, wait_deadline__lte=now).order_by("wait_deadline")[:BATCH]
+    for task in overdue:
+        if task.state == State.WAITING_RETRY:
+            report.waits_ended += _move(task, State.RESUME_VALIDATION, Trigger.BACKOFF_ELAPSED, "backoff elapsed")
+        elif registry.get(task.task_type).on_wait_expiry == "revalidate":
+            report.waits_ended += _move(task, State.RESUME_VALIDATION, Trigger.WAIT_EXPIRED, f"{task.state} expired")
+        elif _move(task, State.EXPIRED, Trigger.WAIT_EXPIRED, f"{task.state} expired",
+                   outcome={"reason": "wait_expired", "waited_in": task.state}):
+            report.expired += 1
+
+
+def expire_past_deadline(now: datetime, report: SweepReport) -> None:
+    late = Task.objects.filter(state__in=DEADLINE_SOURCES, deadline__lte=now).order_by("deadline")[:BATCH]
+    for task in late:
+        report.expired += _move(task, State.EXPIRED, Trigger.DEADLINE_PASSED, "task deadline passed",
+                                outcome={"reason": "deadline_passed"})
+
+
+def ring_for_eligible(now: datetime, ring: Callable[[UUID, str], None], report: SweepReport) -> None:
+    eligible = (
+        Task.objects.filter(state__in=RUNNABLE)
+        .exclude(leases.live_lease_exists(now))
+        .order_by("state_entered_at")
+        .values_list("id", "region")[:BATCH]
+    )
+    for task_id, region in eligible:
+        ring(task_id, region)
+        report.rung += 1
+
+
+def sweep(ring: Callable[[UUID, str], None], *, now: datetime | None = None) -> SweepReport:
+    now = now or timezone.now()
+    report = SweepReport()
+    end_overdue_waits(now, report)
+    expire_past_deadline(now, report)
+    ring_for_eligible(timezone.now(), ring, report)
+    if report.waits_ended or report.expired:
+        log.info("sweep", extra=vars(report))
+    return report
