@@ -20,7 +20,7 @@ class TransitionEvent(models.Model):
     to_state = models.CharField(max_length=24)
     trigger = models.CharField(max_length=32)
     actor_kind = models.CharField(max_length=16)
-    actor_id = models.CharField(max_length=150)
+    actor_id = models.CharField(max_length=200)
     reason = models.TextField(blank=True, default="")
     reason_code = models.CharField(max_length=64, blank=True, default="")
     attempt = models.PositiveIntegerField()

@@ -127,6 +127,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["tasks.parsers.BoundedJSONParser"],
     "EXCEPTION_HANDLER": "tasks.api_errors.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
@@ -153,7 +154,7 @@ CONNECTOR_TIMEOUT = env.float("CONNECTOR_TIMEOUT", default=5.0)
 
 
 # Celery: the doorbell. Unset, an embedded filesystem broker under var/broker.
-BROKER_DIR = VAR_DIR / "broker"
+BROKER_DIR = Path(env.str("BROKER_DIR", default=str(VAR_DIR / "broker")))
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
     for folder in ("queue", "processed"):
@@ -171,7 +172,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "sweep": {"task": "tasks.sweep", "schedule": env.float("SWEEP_INTERVAL", default=5.0)},
 }
-CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_BEAT_SCHEDULE_FILENAME = env.str(
+    "CELERY_BEAT_SCHEDULE_FILENAME", default=str(VAR_DIR / "celerybeat-schedule")
+)
 LEASE_TTL_SECONDS = env.float("LEASE_TTL_SECONDS", default=30.0)
 
 # The model behind "model turn" steps: the deterministic scripted model, or any

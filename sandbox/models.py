@@ -37,7 +37,9 @@ class Effect(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["system", "idempotency_key"], name="sandbox_effect_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["system", "idempotency_key"], name="sandbox_effect_unique")
+        ]
 
     def __str__(self) -> str:
         return f"{self.system} {self.idempotency_key} [{self.status}]"

@@ -78,7 +78,9 @@ def effects(request: HttpRequest, system: str) -> JsonResponse:
     key = request.headers.get("Idempotency-Key", "").strip()
     body = _body(request)
     if not key or body is None:
-        return JsonResponse({"detail": "Idempotency-Key header and a JSON object body are required"}, status=400)
+        return JsonResponse(
+            {"detail": "Idempotency-Key header and a JSON object body are required"}, status=400
+        )
     fault = _next_fault(request, system, "dispatch")
     kind, params = fault or ("", {})
     if kind == "latency":
@@ -152,7 +154,7 @@ def faults(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"cleared": True})
     body = _body(request)
     if not body or body.get("system") not in SYSTEMS or not body.get("kind"):
-        return JsonResponse({"detail": "system (one of %s) and kind are required" % (SYSTEMS,)}, status=400)
+        return JsonResponse({"detail": f"system (one of {SYSTEMS}) and kind are required"}, status=400)
     fault = Fault.objects.create(
         system=body["system"],
         operation=body.get("operation", "dispatch"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
@@ -47,10 +48,20 @@ class Pages(CursorPagination):
     page_size_query_param = "page_size"
     max_page_size = 500
 
+    def paginate_queryset(self, queryset, request, view=None):
+        self.model = queryset.model
+        return super().paginate_queryset(queryset, request, view)
+
     def decode_cursor(self, request):
+        """A cursor that does not decode, or whose position does not fit the ordering field, is a 400."""
         try:
-            return super().decode_cursor(request)
-        except NotFound:
+            cursor = super().decode_cursor(request)
+            if cursor is not None and cursor.position is not None:
+                ordering = self.ordering if isinstance(self.ordering, str) else self.ordering[0]
+                field = self.model._meta.get_field(ordering.lstrip("-"))
+                field.get_prep_value(field.to_python(cursor.position))
+            return cursor
+        except (NotFound, DjangoValidationError, ValueError, TypeError):
             raise ValidationError({"cursor": ["Invalid cursor."]}) from None
 
 
@@ -127,8 +138,13 @@ class TaskDetail(TaskSummary):
         lease = Lease.objects.filter(task=task).first()
         if lease is None:
             return None
-        return {"worker_id": lease.worker_id, "token": lease.token, "heartbeat_at": lease.heartbeat_at,
-                "expires_at": lease.expires_at, "live": lease.expires_at > timezone.now()}
+        return {
+            "worker_id": lease.worker_id,
+            "token": lease.token,
+            "heartbeat_at": lease.heartbeat_at,
+            "expires_at": lease.expires_at,
+            "live": lease.expires_at > timezone.now(),
+        }
 
     def get_pending_approvals(self, task: Task) -> list[Any]:
         return []  # approval requests arrive with the approvals app
@@ -252,7 +268,7 @@ class TaskCollectionApi(APIView):
             OpenApiParameter("cursor", str),
             OpenApiParameter("page_size", int),
         ],
-        responses={200: TaskSummary(many=True)},
+        responses={200: TaskSummary(many=True), 400: OpenApiResponse(description="Bad filter or cursor")},
     )
     def get(self, request: Request) -> Response:
         filters = selectors.TaskFilter(request.query_params, queryset=selectors.visible_tasks(request.user))
@@ -343,7 +359,7 @@ class _TaskHistoryApi(APIView):
 
 @extend_schema(
     operation_id="tasks_events",
-    responses={200: EventOut(many=True), 404: OpenApiResponse()},
+    responses={200: EventOut(many=True), 400: OpenApiResponse(), 404: OpenApiResponse()},
     parameters=[OpenApiParameter("cursor", str)],
 )
 class TaskEventsApi(_TaskHistoryApi):
@@ -352,7 +368,7 @@ class TaskEventsApi(_TaskHistoryApi):
 
 @extend_schema(
     operation_id="tasks_checkpoints",
-    responses={200: CheckpointOut(many=True), 404: OpenApiResponse()},
+    responses={200: CheckpointOut(many=True), 400: OpenApiResponse(), 404: OpenApiResponse()},
     parameters=[OpenApiParameter("cursor", str)],
 )
 class TaskCheckpointsApi(_TaskHistoryApi):
@@ -361,7 +377,7 @@ class TaskCheckpointsApi(_TaskHistoryApi):
 
 @extend_schema(
     operation_id="tasks_actions",
-    responses={200: ActionOut(many=True), 404: OpenApiResponse()},
+    responses={200: ActionOut(many=True), 400: OpenApiResponse(), 404: OpenApiResponse()},
     parameters=[OpenApiParameter("cursor", str)],
 )
 class TaskActionsApi(_TaskHistoryApi):
@@ -427,8 +443,11 @@ class DeliveryOut(serializers.Serializer):
 
 def _delivery_response(request: Request, delivery: services.Delivery) -> Response:
     task = Task.objects.select_related("tenant", "owner").get(pk=delivery.task.pk)
-    body = {"applied": delivery.applied, "note": delivery.note,
-            "task": TaskDetail(task, context={"request": request}).data}
+    body = {
+        "applied": delivery.applied,
+        "note": delivery.note,
+        "task": TaskDetail(task, context={"request": request}).data,
+    }
     return Response(body, status=status.HTTP_200_OK)
 
 
@@ -450,23 +469,39 @@ class TaskInputApi(APIView):
             if not isinstance(value, dict) or "answer" not in value:
                 raise serializers.ValidationError('Expected an object with an "answer".')
             answer = value["answer"]
-            if not isinstance(answer, str | int | float | bool) or (isinstance(answer, str) and len(answer) > 2000):
-                raise serializers.ValidationError("answer must be a string (up to 2000 characters), number or boolean.")
+            if not isinstance(answer, str | int | float | bool) or (
+                isinstance(answer, str) and len(answer) > 2000
+            ):
+                raise serializers.ValidationError(
+                    "answer must be a string (up to 2000 characters), number or boolean."
+                )
             if isinstance(answer, int) and not isinstance(answer, bool) and abs(answer) > 2**53:
                 raise serializers.ValidationError("answer is too large a number.")
             _no_nul(value, "payload")
             return value
 
-    @extend_schema(operation_id="tasks_input", request=Input,
-                   responses={200: DeliveryOut, 400: OpenApiResponse(), 403: OpenApiResponse(),
-                              404: OpenApiResponse(), 409: CONFLICT})
+    @extend_schema(
+        operation_id="tasks_input",
+        request=Input,
+        responses={
+            200: DeliveryOut,
+            400: OpenApiResponse(),
+            403: OpenApiResponse(),
+            404: OpenApiResponse(),
+            409: CONFLICT,
+        },
+    )
     def post(self, request: Request, task_id) -> Response:
         task = selectors.get_visible_task(request.user, task_id)
         actor = _integrator(request, task)
         body = self.Input(data=request.data)
         body.is_valid(raise_exception=True)
-        delivery = services.task_provide_input(task, expected_version=body.validated_data["expected_version"],
-                                               answer=body.validated_data["payload"]["answer"], actor=actor)
+        delivery = services.task_provide_input(
+            task,
+            expected_version=body.validated_data["expected_version"],
+            answer=body.validated_data["payload"]["answer"],
+            actor=actor,
+        )
         return _delivery_response(request, delivery)
 
 
@@ -484,9 +519,17 @@ class TaskExternalEventApi(APIView):
             _no_nul(value, "payload")
             return value
 
-    @extend_schema(operation_id="tasks_external_events", request=Input,
-                   responses={200: DeliveryOut, 400: OpenApiResponse(), 403: OpenApiResponse(),
-                              404: OpenApiResponse(), 409: CONFLICT})
+    @extend_schema(
+        operation_id="tasks_external_events",
+        request=Input,
+        responses={
+            200: DeliveryOut,
+            400: OpenApiResponse(),
+            403: OpenApiResponse(),
+            404: OpenApiResponse(),
+            409: CONFLICT,
+        },
+    )
     def post(self, request: Request, task_id) -> Response:
         task = selectors.get_visible_task(request.user, task_id)
         actor = _integrator(request, task)

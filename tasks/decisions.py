@@ -26,12 +26,25 @@ def quarantine(progress: Progress | None, code: str, reason: str) -> Decision:
     return Decision(State.QUARANTINED, Trigger.QUARANTINE, progress, reason=reason, reason_code=code)
 
 
-def retry_later(task: Task, kind: registry.TaskType, progress: Progress, now: datetime, *, code: str,
-                reason: str) -> Decision:
+def retry_later(
+    task: Task, kind: registry.TaskType, progress: Progress, now: datetime, *, code: str, reason: str
+) -> Decision:
     """A transient failure: wait with backoff while attempts remain, then fail."""
     attempt = task.attempt + 1
     if attempt >= kind.max_attempts:
-        return Decision(State.FAILED, Trigger.FAIL, progress, reason=reason, reason_code="retries_exhausted",
-                        changes={"attempt": attempt, "outcome": {"reason": "retries_exhausted", "last_error": code}})
-    return Decision(State.WAITING_RETRY, Trigger.ATTEMPT_FAILED, progress, reason=reason, reason_code=code,
-                    changes={"attempt": attempt, "wait_deadline": now + kind.backoff_for(attempt)})
+        return Decision(
+            State.FAILED,
+            Trigger.FAIL,
+            progress,
+            reason=reason,
+            reason_code="retries_exhausted",
+            changes={"attempt": attempt, "outcome": {"reason": "retries_exhausted", "last_error": code}},
+        )
+    return Decision(
+        State.WAITING_RETRY,
+        Trigger.ATTEMPT_FAILED,
+        progress,
+        reason=reason,
+        reason_code=code,
+        changes={"attempt": attempt, "wait_deadline": now + kind.backoff_for(attempt)},
+    )

@@ -18,4 +18,6 @@ def ring(task_id: UUID | str, region: str) -> None:
     try:
         app.send_task("tasks.run_task", args=[str(task_id)], queue=f"region.{region}", retry=False)
     except Exception:  # a broker outage must never fail the commit that preceded it
-        log.warning("doorbell failed; the sweep will find the task", extra={"task_id": str(task_id)}, exc_info=True)
+        log.warning(
+            "doorbell failed; the sweep will find the task", extra={"task_id": str(task_id)}, exc_info=True
+        )

@@ -51,7 +51,12 @@ def _take(task_id: UUID, worker_id: str, now: datetime, ttl: timedelta) -> Held 
         try:
             with transaction.atomic():
                 Lease.objects.create(
-                    task_id=task_id, worker_id=worker_id, token=1, acquired_at=now, heartbeat_at=now, expires_at=expires
+                    task_id=task_id,
+                    worker_id=worker_id,
+                    token=1,
+                    acquired_at=now,
+                    heartbeat_at=now,
+                    expires_at=expires,
                 )
         except IntegrityError:
             return None  # a live lease exists (or another claimer inserted first)

@@ -54,8 +54,15 @@ class ScriptedModel:
 class OpenAICompatibleModel:
     """Any endpoint speaking the OpenAI chat-completions protocol."""
 
-    def __init__(self, *, base_url: str, model: str, api_key: str = "", timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        api_key: str = "",
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.model_id = f"openai-compatible:{model}"
@@ -95,12 +102,18 @@ def _refund_triage(facts: Mapping[str, Any]) -> str:
 
 SCRIPTS: dict[str, Script] = {
     "refund-triage@1": _refund_triage,
-    "order-lookup@1": lambda facts: f"order {facts.get('order_id')} is {facts.get('order_status', 'unknown')}",
+    "order-lookup@1": lambda facts: (
+        f"order {facts.get('order_id')} is {facts.get('order_status', 'unknown')}"
+    ),
 }
 
 
 def default_model() -> Model:
     if settings.MODEL_BACKEND == "openai":
-        return OpenAICompatibleModel(base_url=settings.MODEL_URL, model=settings.MODEL_NAME,
-                                     api_key=settings.MODEL_API_KEY, timeout=settings.MODEL_TIMEOUT)
+        return OpenAICompatibleModel(
+            base_url=settings.MODEL_URL,
+            model=settings.MODEL_NAME,
+            api_key=settings.MODEL_API_KEY,
+            timeout=settings.MODEL_TIMEOUT,
+        )
     return ScriptedModel()

@@ -130,7 +130,7 @@ class Lease(models.Model):
     """
 
     task = models.OneToOneField(Task, primary_key=True, on_delete=models.CASCADE, related_name="lease")
-    worker_id = models.CharField(max_length=150)
+    worker_id = models.CharField(max_length=200)
     token = models.PositiveBigIntegerField()
     acquired_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField()
@@ -173,7 +173,7 @@ class TaskInput(models.Model):
     answered_version = models.PositiveIntegerField()
     payload = models.JSONField()
     payload_digest = models.CharField(max_length=64)
-    submitted_by = models.CharField(max_length=150)
+    submitted_by = models.CharField(max_length=200)
     received_at = models.DateTimeField()
 
     class Meta:
@@ -217,7 +217,9 @@ class RuntimeConfig(models.Model):
             models.UniqueConstraint(
                 fields=["task_type"], condition=Q(current=True), name="runtime_config_one_current"
             ),
-            models.CheckConstraint(condition=~Q(current=True) | Q(approved=True), name="runtime_config_current_approved"),
+            models.CheckConstraint(
+                condition=~Q(current=True) | Q(approved=True), name="runtime_config_current_approved"
+            ),
         ]
 
     def __str__(self) -> str:

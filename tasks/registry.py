@@ -113,7 +113,9 @@ class TaskType:
         if len(names) != len(set(names)):
             raise ValueError(f"{self.name}: duplicate step names")
         targets = {step.next for step in self.steps if step.next}
-        targets |= {t for step in self.steps if isinstance(step, ModelTurn) for t in step.routes.values() if t}
+        targets |= {
+            t for step in self.steps if isinstance(step, ModelTurn) for t in step.routes.values() if t
+        }
         if self.replan_step:
             targets.add(self.replan_step)
         unknown = targets - set(names)
@@ -178,20 +180,31 @@ register(
         replan_step="gather_evidence",
         steps=(
             ReadEvidence(
-                "gather_evidence", next="triage", system="orders", record_from="order_id",
+                "gather_evidence",
+                next="triage",
+                system="orders",
+                record_from="order_id",
                 facts={"status": "order_status", "total": "order_total"},
             ),
             ModelTurn(
-                "triage", next="ask_customer", prompt_id="refund-triage@1", output="triage",
+                "triage",
+                next="ask_customer",
+                prompt_id="refund-triage@1",
+                output="triage",
                 instructions="Decide whether this refund can proceed: answer 'refund' or 'escalate'.",
                 routes={"refund": "ask_customer", "escalate": "manual_review"},
             ),
             RequestInput(
-                "ask_customer", next="await_return", question="Which item was damaged?",
+                "ask_customer",
+                next="await_return",
+                question="Which item was damaged?",
                 answer="damaged_item",
             ),
             AwaitExternal(
-                "await_return", next="done", event_type="shipment.returned", fact="return_tracking",
+                "await_return",
+                next="done",
+                event_type="shipment.returned",
+                fact="return_tracking",
                 value="tracking_number",
             ),
             Complete("done", outcome=("order_id", "amount", "damaged_item", "return_tracking")),
@@ -211,10 +224,20 @@ register(
         max_attempts=4,
         backoff=timedelta(seconds=2),
         steps=(
-            ReadEvidence("lookup", next="summarize", system="orders", record_from="order_id",
-                         facts={"status": "order_status"}),
-            ModelTurn("summarize", next="done", prompt_id="order-lookup@1", output="summary",
-                      instructions="Summarize the order's status in one sentence."),
+            ReadEvidence(
+                "lookup",
+                next="summarize",
+                system="orders",
+                record_from="order_id",
+                facts={"status": "order_status"},
+            ),
+            ModelTurn(
+                "summarize",
+                next="done",
+                prompt_id="order-lookup@1",
+                output="summary",
+                instructions="Summarize the order's status in one sentence.",
+            ),
             Complete("done", outcome=("order_id", "order_status", "summary")),
         ),
     )

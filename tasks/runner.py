@@ -71,8 +71,14 @@ def run_task(
         leases.release(lease)
 
 
-def run_available(*, worker_id: str, region: str, limit: int = 10, model: Model | None = None,
-                  ttl: timedelta = leases.DEFAULT_TTL) -> int:
+def run_available(
+    *,
+    worker_id: str,
+    region: str,
+    limit: int = 10,
+    model: Model | None = None,
+    ttl: timedelta = leases.DEFAULT_TTL,
+) -> int:
     """Claim up to ``limit`` eligible tasks of ``region`` and run each; return how many ran."""
     claimed = leases.claim_next(worker_id=worker_id, region=region, limit=limit, ttl=ttl)
     for lease in claimed:

@@ -279,7 +279,9 @@ def _waiting_step(task: Task, kind: type) -> tuple[checkpoints.Checkpoint, Any]:
     step = registry.get(task.task_type).step(point.step)
     if not isinstance(step, kind):
         raise TransitionNotAllowed(
-            f"the task is not waiting at a {kind.__name__} step", state=task.state, state_version=task.state_version
+            f"the task is not waiting at a {kind.__name__} step",
+            state=task.state,
+            state_version=task.state_version,
         )
     return point, step
 
@@ -297,32 +299,54 @@ def task_provide_input(task: Task, *, expected_version: int, answer: Scalar, act
     if earlier is not None and earlier.payload_digest == _digest(payload):
         return Delivery(task, applied=False, note="this answer was already applied")
     if task.state_version != expected_version:
-        raise StaleVersion(f"task is at version {task.state_version}, not {expected_version}",
-                           state=task.state, state_version=task.state_version)
+        raise StaleVersion(
+            f"task is at version {task.state_version}, not {expected_version}",
+            state=task.state,
+            state_version=task.state_version,
+        )
     if task.state != State.WAITING_INPUT:
-        raise TransitionNotAllowed("the task is not waiting for input", state=task.state,
-                                   state_version=task.state_version)
+        raise TransitionNotAllowed(
+            "the task is not waiting for input", state=task.state, state_version=task.state_version
+        )
     point, step = _waiting_step(task, registry.RequestInput)
     now = timezone.now()
-    record = TaskInput(task=task, answered_version=expected_version, payload=payload, payload_digest=_digest(payload),
-                       submitted_by=actor.id, received_at=now)
-    progress = point.progress.model_copy(update={
-        "step": step.next,
-        "facts": {**point.facts, step.answer: answer},
-        "input_refs": [*point.input_refs, f"input:v{expected_version}"],
-    })
+    record = TaskInput(
+        task=task,
+        answered_version=expected_version,
+        payload=payload,
+        payload_digest=_digest(payload),
+        submitted_by=actor.id,
+        received_at=now,
+    )
+    progress = point.progress.model_copy(
+        update={
+            "step": step.next,
+            "facts": {**point.facts, step.answer: answer},
+            "input_refs": [*point.input_refs, f"input:v{expected_version}"],
+        }
+    )
     try:
-        task = advance(task.id, expected_version, State.RESUME_VALIDATION, actor=actor, trigger=Trigger.INPUT_RECEIVED,
-                       reason=f"answer to: {step.question}"[:200], progress=progress, records=[record])
+        task = advance(
+            task.id,
+            expected_version,
+            State.RESUME_VALIDATION,
+            actor=actor,
+            trigger=Trigger.INPUT_RECEIVED,
+            reason=f"answer to: {step.question}"[:200],
+            progress=progress,
+            records=[record],
+        )
     except IntegrityError:  # the same wait answered concurrently
-        return task_provide_input(Task.objects.get(pk=task.pk), expected_version=expected_version, answer=answer,
-                                  actor=actor)
+        return task_provide_input(
+            Task.objects.get(pk=task.pk), expected_version=expected_version, answer=answer, actor=actor
+        )
     _ring_if_runnable(task)
     return Delivery(task, applied=True)
 
 
-def task_deliver_event(task: Task, *, event_key: str, event_type: str, payload: dict[str, Any],
-                       actor: Actor) -> Delivery:
+def task_deliver_event(
+    task: Task, *, event_key: str, event_type: str, payload: dict[str, Any], actor: Actor
+) -> Delivery:
     """Record an external event once per ``event_key``; end the wait it answers.
 
     A duplicate key is acknowledged and applied nothing (``applied=False``).
@@ -332,7 +356,9 @@ def task_deliver_event(task: Task, *, event_key: str, event_type: str, payload: 
     if ExternalEvent.objects.filter(task=task, event_key=event_key).exists():
         return Delivery(task, applied=False, note="duplicate event_key: already received")
     now = timezone.now()
-    event = ExternalEvent(task=task, event_key=event_key, event_type=event_type, payload=payload, received_at=now)
+    event = ExternalEvent(
+        task=task, event_key=event_key, event_type=event_type, payload=payload, received_at=now
+    )
     step = None
     if task.state == State.WAITING_EXTERNAL:
         try:
@@ -347,20 +373,39 @@ def task_deliver_event(task: Task, *, event_key: str, event_type: str, payload: 
         return Delivery(task, applied=True, note="stored until the task waits for it")
     event.applied_version = task.state_version + 1
     value = payload.get(step.value)
-    progress = point.progress.model_copy(update={
-        "step": step.next,
-        "facts": {**point.facts, step.fact: value if isinstance(value, str | int | float | bool) else None},
-        "input_refs": [*point.input_refs, f"event:{event_key}"],
-    })
+    progress = point.progress.model_copy(
+        update={
+            "step": step.next,
+            "facts": {
+                **point.facts,
+                step.fact: value if isinstance(value, str | int | float | bool) else None,
+            },
+            "input_refs": [*point.input_refs, f"event:{event_key}"],
+        }
+    )
     try:
-        task = advance(task.id, task.state_version, State.RESUME_VALIDATION, actor=actor,
-                       trigger=Trigger.EXTERNAL_EVENT, reason=f"{event_type} {event_key}"[:200], progress=progress,
-                       records=[event])
+        task = advance(
+            task.id,
+            task.state_version,
+            State.RESUME_VALIDATION,
+            actor=actor,
+            trigger=Trigger.EXTERNAL_EVENT,
+            reason=f"{event_type} {event_key}"[:200],
+            progress=progress,
+            records=[event],
+        )
     except IntegrityError:
-        return Delivery(Task.objects.get(pk=task.pk), applied=False, note="duplicate event_key: already received")
+        return Delivery(
+            Task.objects.get(pk=task.pk), applied=False, note="duplicate event_key: already received"
+        )
     except StaleVersion:
         # The task moved while we looked: keep the event; the engine applies it when the task waits for it.
-        return task_deliver_event(Task.objects.get(pk=task.pk), event_key=event_key, event_type=event_type,
-                                  payload=payload, actor=actor)
+        return task_deliver_event(
+            Task.objects.get(pk=task.pk),
+            event_key=event_key,
+            event_type=event_type,
+            payload=payload,
+            actor=actor,
+        )
     _ring_if_runnable(task)
     return Delivery(task, applied=True)

@@ -42,8 +42,16 @@ class SweepReport:
 
 def _move(task: Task, to_state: State, trigger: Trigger, reason: str, **changes) -> bool:
     try:
-        advance(task.id, task.state_version, to_state, actor=SWEEPER, trigger=trigger, reason=reason,
-                reason_code=trigger, **changes)
+        advance(
+            task.id,
+            task.state_version,
+            to_state,
+            actor=SWEEPER,
+            trigger=trigger,
+            reason=reason,
+            reason_code=trigger,
+            **changes,
+        )
     except (StaleVersion, TransitionNotAllowed):
         return False  # moved by someone else since we read it
     return True
@@ -53,19 +61,33 @@ def end_overdue_waits(now: datetime, report: SweepReport) -> None:
     overdue = Task.objects.filter(state__in=WAITING, wait_deadline__lte=now).order_by("wait_deadline")[:BATCH]
     for task in overdue:
         if task.state == State.WAITING_RETRY:
-            report.waits_ended += _move(task, State.RESUME_VALIDATION, Trigger.BACKOFF_ELAPSED, "backoff elapsed")
+            report.waits_ended += _move(
+                task, State.RESUME_VALIDATION, Trigger.BACKOFF_ELAPSED, "backoff elapsed"
+            )
         elif registry.get(task.task_type).on_wait_expiry == "revalidate":
-            report.waits_ended += _move(task, State.RESUME_VALIDATION, Trigger.WAIT_EXPIRED, f"{task.state} expired")
-        elif _move(task, State.EXPIRED, Trigger.WAIT_EXPIRED, f"{task.state} expired",
-                   outcome={"reason": "wait_expired", "waited_in": task.state}):
+            report.waits_ended += _move(
+                task, State.RESUME_VALIDATION, Trigger.WAIT_EXPIRED, f"{task.state} expired"
+            )
+        elif _move(
+            task,
+            State.EXPIRED,
+            Trigger.WAIT_EXPIRED,
+            f"{task.state} expired",
+            outcome={"reason": "wait_expired", "waited_in": task.state},
+        ):
             report.expired += 1
 
 
 def expire_past_deadline(now: datetime, report: SweepReport) -> None:
     late = Task.objects.filter(state__in=DEADLINE_SOURCES, deadline__lte=now).order_by("deadline")[:BATCH]
     for task in late:
-        report.expired += _move(task, State.EXPIRED, Trigger.DEADLINE_PASSED, "task deadline passed",
-                                outcome={"reason": "deadline_passed"})
+        report.expired += _move(
+            task,
+            State.EXPIRED,
+            Trigger.DEADLINE_PASSED,
+            "task deadline passed",
+            outcome={"reason": "deadline_passed"},
+        )
 
 
 def ring_for_eligible(now: datetime, ring: Callable[[UUID, str], None], report: SweepReport) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db import models, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import F
 from django.utils import timezone
 from opentelemetry import trace
 
@@ -28,7 +28,7 @@ from ledger.models import Action
 from tasks import checkpoints
 from tasks.exceptions import LeaseLost, StaleVersion, TaskNotFound, TransitionNotAllowed
 from tasks.leases import Held
-from tasks.models import Checkpoint, Lease, Task
+from tasks.models import Checkpoint, Task
 from tasks.states import WAITING, ActorKind, State, Trigger, find_edge
 
 log = logging.getLogger(__name__)
@@ -177,7 +177,10 @@ def _ledger_rows(task: Task, intents: Iterable[ActionIntent], now: datetime) -> 
 
 
 def _write_history(
-    event: TransitionEvent, checkpoint: Checkpoint | None, actions: list[Action], records: Iterable[models.Model] = ()
+    event: TransitionEvent,
+    checkpoint: Checkpoint | None,
+    actions: list[Action],
+    records: Iterable[models.Model] = (),
 ) -> None:
     """Every row a transition adds besides the task update, inside its transaction."""
     TransitionEvent.objects.bulk_create([event])

@@ -10,7 +10,9 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/checkpoints/", api.TaskCheckpointsApi.as_view(), name="api-task-checkpoints"),
     path("tasks/<uuid:task_id>/actions/", api.TaskActionsApi.as_view(), name="api-task-actions"),
     path("tasks/<uuid:task_id>/input/", api.TaskInputApi.as_view(), name="api-task-input"),
-    path("tasks/<uuid:task_id>/external-events/", api.TaskExternalEventApi.as_view(), name="api-task-events-in"),
+    path(
+        "tasks/<uuid:task_id>/external-events/", api.TaskExternalEventApi.as_view(), name="api-task-events-in"
+    ),
 ] + [
     path(f"tasks/<uuid:task_id>/{name}/", api.control_view(name), name=f"api-task-{name}")
     for name in CONTROLS

@@ -33,35 +33,69 @@ from tenancy.selectors import has_role
 def validate(task: Task, checkpoint: Checkpoint, kind: registry.TaskType, now: datetime) -> Decision:
     progress = checkpoint.progress
     if task.deadline is not None and now >= task.deadline:
-        return Decision(State.EXPIRED, Trigger.EXPIRE, progress, reason="the task's deadline passed",
-                        reason_code="deadline_passed", changes={"outcome": {"reason": "deadline_passed"}})
+        return Decision(
+            State.EXPIRED,
+            Trigger.EXPIRE,
+            progress,
+            reason="the task's deadline passed",
+            reason_code="deadline_passed",
+            changes={"outcome": {"reason": "deadline_passed"}},
+        )
     if kind.step(checkpoint.step) is None:
         return quarantine(progress, "unknown_step", f"step {checkpoint.step!r} is not part of {kind.name}")
     if task.owner_id is not None and not has_role(task.owner, task.tenant_id, Role.OPERATOR, Role.ADMIN):
-        return quarantine(progress, "owner_access_revoked", f"owner {task.owner} no longer operates this tenant")
+        return quarantine(
+            progress, "owner_access_revoked", f"owner {task.owner} no longer operates this tenant"
+        )
 
     replan_to = progress.model_copy(update={"step": kind.replan_step or kind.first_step})
     managed = RuntimeConfig.objects.filter(task_type=task.task_type)
-    if managed.exists() and not managed.filter(
-        model_id=task.model_id, prompt_id=task.prompt_id, toolset_id=task.toolset_id, approved=True
-    ).exists():
+    if (
+        managed.exists()
+        and not managed.filter(
+            model_id=task.model_id, prompt_id=task.prompt_id, toolset_id=task.toolset_id, approved=True
+        ).exists()
+    ):
         current = managed.filter(current=True).first()
         if current is None:
-            return quarantine(progress, "runtime_config_unapproved",
-                              f"{task.model_id}/{task.prompt_id}/{task.toolset_id} is no longer approved")
-        return Decision(State.READY, Trigger.REPLAN, replan_to, reason_code="runtime_config_replaced",
-                        reason=f"runtime config replaced by {current}",
-                        changes={"model_id": current.model_id, "prompt_id": current.prompt_id,
-                                 "toolset_id": current.toolset_id})
+            return quarantine(
+                progress,
+                "runtime_config_unapproved",
+                f"{task.model_id}/{task.prompt_id}/{task.toolset_id} is no longer approved",
+            )
+        return Decision(
+            State.READY,
+            Trigger.REPLAN,
+            replan_to,
+            reason_code="runtime_config_replaced",
+            reason=f"runtime config replaced by {current}",
+            changes={
+                "model_id": current.model_id,
+                "prompt_id": current.prompt_id,
+                "toolset_id": current.toolset_id,
+            },
+        )
 
     policy = Policy.objects.filter(task_type=task.task_type).first()
     if policy is not None and policy.version != task.policy_version:
         note = f"policy {task.policy_version} -> {policy.version}"
         if kind.on_policy_change == "replan":
-            return Decision(State.READY, Trigger.REPLAN, replan_to, reason=note, reason_code="policy_changed",
-                            changes={"policy_version": policy.version})
-        return Decision(State.READY, Trigger.PROCEED, progress, reason=f"{note} (immaterial for {kind.name})",
-                        reason_code="policy_changed_immaterial", changes={"policy_version": policy.version})
+            return Decision(
+                State.READY,
+                Trigger.REPLAN,
+                replan_to,
+                reason=note,
+                reason_code="policy_changed",
+                changes={"policy_version": policy.version},
+            )
+        return Decision(
+            State.READY,
+            Trigger.PROCEED,
+            progress,
+            reason=f"{note} (immaterial for {kind.name})",
+            reason_code="policy_changed_immaterial",
+            changes={"policy_version": policy.version},
+        )
 
     changed = []
     for ref in progress.evidence:
@@ -74,8 +108,18 @@ def validate(task: Task, checkpoint: Checkpoint, kind: registry.TaskType, now: d
         if record.version != ref.record_version:
             changed.append(f"{ref.system}/{ref.record_id} v{ref.record_version} -> v{record.version}")
     if changed:
-        return Decision(State.READY, Trigger.REFRESH, replan_to, reason="evidence changed: " + ", ".join(changed),
-                        reason_code="evidence_changed")
+        return Decision(
+            State.READY,
+            Trigger.REFRESH,
+            replan_to,
+            reason="evidence changed: " + ", ".join(changed),
+            reason_code="evidence_changed",
+        )
     checked = len(progress.evidence)
-    return Decision(State.READY, Trigger.PROCEED, progress, reason_code="revalidated",
-                    reason=f"deadline, step, access, runtime config, policy and {checked} evidence records hold")
+    return Decision(
+        State.READY,
+        Trigger.PROCEED,
+        progress,
+        reason_code="revalidated",
+        reason=f"deadline, step, access, runtime config, policy and {checked} evidence records hold",
+    )

@@ -18,8 +18,12 @@ def worker_id() -> str:
 
 @shared_task(name="tasks.run_task")
 def run_task(task_id: str) -> str:
-    return runner.run_task(task_id, worker_id=worker_id(), region=settings.WORKER_REGION,
-                           ttl=timedelta(seconds=settings.LEASE_TTL_SECONDS))
+    return runner.run_task(
+        task_id,
+        worker_id=worker_id(),
+        region=settings.WORKER_REGION,
+        ttl=timedelta(seconds=settings.LEASE_TTL_SECONDS),
+    )
 
 
 @shared_task(name="tasks.sweep")

@@ -11,7 +11,6 @@ from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from config.celery import app as celery_app
-
 from tasks import checkpoints
 from tasks.services import task_create
 from tasks.transitions import Actor
@@ -19,6 +18,11 @@ from tenancy.models import Membership, Role, Tenant
 
 # In-process tests ring the doorbell into memory; tests that need real workers start them.
 celery_app.conf.broker_url = "memory://"
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture

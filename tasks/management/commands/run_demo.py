@@ -27,13 +27,27 @@ class Command(BaseCommand):
 
     def handle(self, *args, addrport: str, concurrency: int, **options):
         host, _, port = addrport.rpartition(":")
-        env = {**os.environ, "SANDBOX_BASE_URL": os.environ.get(
-            "SANDBOX_BASE_URL", f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}/sandbox")}
+        env = {
+            **os.environ,
+            "SANDBOX_BASE_URL": os.environ.get(
+                "SANDBOX_BASE_URL",
+                f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}/sandbox",
+            ),
+        }
         celery = [sys.executable, "-m", "celery", "-A", "config"]
         commands = {
             "web": [sys.executable, "manage.py", "runserver", "--noreload", addrport],
-            "worker": [*celery, "worker", "-Q", f"region.{settings.WORKER_REGION}", "-c", str(concurrency),
-                       "--loglevel=INFO", "-n", f"worker-{settings.WORKER_REGION}@%h"],
+            "worker": [
+                *celery,
+                "worker",
+                "-Q",
+                f"region.{settings.WORKER_REGION}",
+                "-c",
+                str(concurrency),
+                "--loglevel=INFO",
+                "-n",
+                f"worker-{settings.WORKER_REGION}@%h",
+            ],
             "beat": [*celery, "beat", "--loglevel=INFO", "-s", settings.CELERY_BEAT_SCHEDULE_FILENAME],
         }
         procs = {name: subprocess.Popen(cmd, env=env) for name, cmd in commands.items()}

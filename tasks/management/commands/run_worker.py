@@ -26,9 +26,13 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--region", default=settings.WORKER_REGION)
         parser.add_argument("--batch", type=int, default=10)
-        parser.add_argument("--idle", type=float, default=0.5, help="seconds to sleep when nothing is runnable")
+        parser.add_argument(
+            "--idle", type=float, default=0.5, help="seconds to sleep when nothing is runnable"
+        )
         parser.add_argument("--lease-ttl", type=float, default=settings.LEASE_TTL_SECONDS)
-        parser.add_argument("--sweep", dest="with_sweep", action="store_true", help="also end overdue waits (no beat running)")
+        parser.add_argument(
+            "--sweep", dest="with_sweep", action="store_true", help="also end overdue waits (no beat running)"
+        )
         parser.add_argument("--once", action="store_true")
         parser.add_argument("--max-seconds", type=float, default=0, help="stop after this long (0: never)")
 

@@ -75,40 +75,100 @@ class Command(BaseCommand):
 
         def start(key: str, task_type: str, objective: str, input: dict):
             task, created = task_create(
-                tenant=tenant, task_type=task_type, objective=objective, input=input, owner=operator,
-                idempotency_key=f"demo-{key}", actor=Actor.user(operator, ActorKind.INTEGRATOR),
+                tenant=tenant,
+                task_type=task_type,
+                objective=objective,
+                input=input,
+                owner=operator,
+                idempotency_key=f"demo-{key}",
+                actor=Actor.user(operator, ActorKind.INTEGRATOR),
             )
             return task if created else None
 
         def read(order: str, **facts) -> checkpoints.Progress:
             """Where a refund stands once the order was read and triaged."""
-            evidence = [checkpoints.EvidenceRef(system="orders", record_id=order, record_version="1", fetched_at=now)]
-            order_facts = {"order_status": "delivered", "order_total": ORDERS[order]["total"], "triage": "refund"}
+            evidence = [
+                checkpoints.EvidenceRef(system="orders", record_id=order, record_version="1", fetched_at=now)
+            ]
+            order_facts = {
+                "order_status": "delivered",
+                "order_total": ORDERS[order]["total"],
+                "triage": "refund",
+            }
             return checkpoints.Progress(step="", facts={**order_facts, **facts}, evidence=evidence)
 
         def wait(task, state: State, trigger: Trigger, step: str, hours: float, progress, **extra):
-            progress = progress.model_copy(update={"step": step, "facts": {**task_facts(task), **progress.facts}})
-            return advance(task.id, task.state_version, state, actor=worker, trigger=trigger, progress=progress,
-                           wait_deadline=now + timedelta(hours=hours), **extra)
+            progress = progress.model_copy(
+                update={"step": step, "facts": {**task_facts(task), **progress.facts}}
+            )
+            return advance(
+                task.id,
+                task.state_version,
+                state,
+                actor=worker,
+                trigger=trigger,
+                progress=progress,
+                wait_deadline=now + timedelta(hours=hours),
+                **extra,
+            )
 
-        start("ready", "refund_request", "Refund order A-100 (eligible: a worker will pick it up)",
-              _refund("A-100", "12.50"))
-        if task := start("input", "refund_request", "Refund order A-101: which item was damaged?",
-                         _refund("A-101", "49.00")):
+        start(
+            "ready",
+            "refund_request",
+            "Refund order A-100 (eligible: a worker will pick it up)",
+            _refund("A-100", "12.50"),
+        )
+        if task := start(
+            "input",
+            "refund_request",
+            "Refund order A-101: which item was damaged?",
+            _refund("A-101", "49.00"),
+        ):
             wait(task, State.WAITING_INPUT, Trigger.REQUEST_INPUT, "ask_customer", 48, read("A-101"))
-        if task := start("external", "refund_request", "Refund order A-103: waiting for the return shipment",
-                         _refund("A-103", "89.90")):
-            wait(task, State.WAITING_EXTERNAL, Trigger.AWAIT_EXTERNAL, "await_return", 72,
-                 read("A-103", damaged_item="teapot lid"))
-        if task := start("retry", "order_lookup", "Look up order A-104 (order system was unavailable)",
-                         {"order_id": "A-104"}):
-            wait(task, State.WAITING_RETRY, Trigger.ATTEMPT_FAILED, "lookup", 0.01, checkpoints.Progress(step=""),
-                 attempt=1)
-        if task := start("quarantined", "refund_request", "Refund order A-106 (held for review)",
-                         _refund("A-106", "2500.00")):
-            advance(task.id, task.state_version, State.QUARANTINED, actor=Actor.user(operator, ActorKind.OPERATOR),
-                    trigger=Trigger.QUARANTINE, reason="Amount far above the customer's history",
-                    reason_code="quarantine")
+        if task := start(
+            "external",
+            "refund_request",
+            "Refund order A-103: waiting for the return shipment",
+            _refund("A-103", "89.90"),
+        ):
+            wait(
+                task,
+                State.WAITING_EXTERNAL,
+                Trigger.AWAIT_EXTERNAL,
+                "await_return",
+                72,
+                read("A-103", damaged_item="teapot lid"),
+            )
+        if task := start(
+            "retry",
+            "order_lookup",
+            "Look up order A-104 (order system was unavailable)",
+            {"order_id": "A-104"},
+        ):
+            wait(
+                task,
+                State.WAITING_RETRY,
+                Trigger.ATTEMPT_FAILED,
+                "lookup",
+                0.01,
+                checkpoints.Progress(step=""),
+                attempt=1,
+            )
+        if task := start(
+            "quarantined",
+            "refund_request",
+            "Refund order A-106 (held for review)",
+            _refund("A-106", "2500.00"),
+        ):
+            advance(
+                task.id,
+                task.state_version,
+                State.QUARANTINED,
+                actor=Actor.user(operator, ActorKind.OPERATOR),
+                trigger=Trigger.QUARANTINE,
+                reason="Amount far above the customer's history",
+                reason_code="quarantine",
+            )
         start("lookup", "order_lookup", "Look up order A-107", {"order_id": "A-107"})
 
 
@@ -137,6 +197,9 @@ def seed_policies() -> None:
         kind = registry.get(name)
         Policy.objects.get_or_create(task_type=name, defaults={"version": settings.DEFAULT_POLICY_VERSION})
         RuntimeConfig.objects.get_or_create(
-            task_type=name, model_id=kind.model_id, prompt_id=kind.prompt_id, toolset_id=kind.toolset_id,
+            task_type=name,
+            model_id=kind.model_id,
+            prompt_id=kind.prompt_id,
+            toolset_id=kind.toolset_id,
             defaults={"approved": True, "current": True},
         )

@@ -1,0 +1,112 @@
+"""Helpers for tests that run the workflows against the sandbox over real HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from django.db import connection
+
+from sandbox.models import Record
+from tasks.models import Task
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def put_order(order_id: str, *, status: str = "delivered", total: str = "100.00") -> Record:
+    record, created = Record.objects.get_or_create(
+        system="orders", record_id=order_id, defaults={"data": {"status": status, "total": total}}
+    )
+    if not created:
+        record.data = {"status": status, "total": total}
+        record.version += 1
+        record.save()
+    return record
+
+
+def database_url() -> str:
+    db = connection.settings_dict
+    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+def wait_for(predicate: Callable[[], object], *, timeout: float = 30, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def state_of(task: Task) -> tuple[str, int]:
+    row = Task.objects.filter(pk=task.pk).values_list("state", "state_version").get()
+    return row[0], row[1]
+
+
+class WorkerProcess:
+    """A real ``manage.py run_worker`` process against the test database."""
+
+    def __init__(
+        self,
+        sandbox_url: str,
+        tmp_path: Path,
+        *,
+        pause_after: str = "",
+        lease_ttl: float = 1.0,
+        extra_env: dict[str, str] | None = None,
+    ):
+        self.marker = tmp_path / f"paused-{time.monotonic_ns()}"
+        env = {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "SANDBOX_BASE_URL": sandbox_url,
+            "CELERY_BROKER_URL": "memory://",
+            "DURABLE_PAUSE_AFTER": pause_after,
+            "DURABLE_PAUSE_FILE": str(self.marker),
+            "CONNECTOR_TIMEOUT": "2",
+            **(extra_env or {}),
+        }
+        command = [
+            sys.executable,
+            "manage.py",
+            "run_worker",
+            "--sweep",
+            "--idle",
+            "0.1",
+            "--lease-ttl",
+            str(lease_ttl),
+        ]
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+
+    def wait_paused(self, timeout: float = 60) -> str:
+        """Block until the worker holds still right after the chosen commit; return 'task_id version'."""
+        wait_for(
+            lambda: self.marker.exists() or self.process.poll() is not None,
+            timeout=timeout,
+            what="the worker to reach the pause point",
+        )
+        if not self.marker.exists():
+            raise AssertionError(f"worker exited early:\n{self.process.stdout.read()}")
+        return self.marker.read_text().strip()
+
+    def kill(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+        assert self.process.returncode == -signal.SIGKILL
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
