@@ -255,6 +255,7 @@ def task_control(
         reason_code=reason_code,
         **changes,
     )
+    _ring_if_runnable(task)
     return ControlResult(task, applied=True)
 
 

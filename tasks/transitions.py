@@ -18,7 +18,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db import models, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 from opentelemetry import trace
 
@@ -28,7 +28,7 @@ from ledger.models import Action
 from tasks import checkpoints
 from tasks.exceptions import LeaseLost, StaleVersion, TaskNotFound, TransitionNotAllowed
 from tasks.leases import Held
-from tasks.models import Checkpoint, Task
+from tasks.models import Checkpoint, Lease, Task
 from tasks.states import WAITING, ActorKind, State, Trigger, find_edge
 
 log = logging.getLogger(__name__)
@@ -328,9 +328,14 @@ def advance(
             # The compare-and-set: the row count is the lock result. A writer that
             # committed first leaves 0 rows here (PostgreSQL re-checks the WHERE
             # after waiting on its row lock).
-            updated = Task.objects.filter(
-                pk=task.pk, state_version=expected_version, state=from_state
-            ).update(
+            guarded = Task.objects.filter(pk=task.pk, state_version=expected_version, state=from_state)
+            if lease is not None:
+                # The fence rides on the same UPDATE: no extra round trip, no gap between check and write.
+                live = Lease.objects.filter(
+                    task_id=OuterRef("pk"), token=lease.token, worker_id=lease.worker_id, expires_at__gt=now
+                )
+                guarded = guarded.filter(Exists(live))
+            updated = guarded.update(
                 state=task.state,
                 state_version=F("state_version") + 1,
                 state_reason=task.state_reason,
