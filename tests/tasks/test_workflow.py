@@ -1,0 +1,240 @@
+"""Waits, expiry, resume validation and deliveries, driven by the in-process resume loop.
+
+Evidence comes from the sandbox over real HTTP (``live_server``); the model is
+the deterministic scripted one.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from audit.models import TransitionEvent
+from tasks import runner, services, sweep
+from tasks.models import ExternalEvent, Policy, RuntimeConfig, Task, TaskInput
+from tasks.states import ActorKind, State
+from tasks.transitions import Actor
+from tenancy.models import Membership
+from tests.conftest import make_task
+from tests.workflow import put_order
+
+pytestmark = pytest.mark.django_db(transaction=True)
+INTEGRATOR = Actor(ActorKind.INTEGRATOR, "tests")
+
+
+@pytest.fixture(autouse=True)
+def sandbox(live_server, settings):
+    settings.SANDBOX_BASE_URL = f"{live_server.url}/sandbox"
+    put_order("A-1")
+
+
+def run(task: Task) -> Task:
+    runner.run_task(task.id, worker_id="test-worker", region="default")
+    return Task.objects.get(pk=task.pk)
+
+
+def last_event(task: Task) -> TransitionEvent:
+    return TransitionEvent.objects.filter(task=task).latest("state_version")
+
+
+def waiting_for_input(tenant, **overrides) -> Task:
+    task = run(make_task(tenant, **overrides))
+    assert task.state == State.WAITING_INPUT
+    return task
+
+
+def answer(task: Task, text: str = "mug") -> Task:
+    services.task_provide_input(task, expected_version=task.state_version, answer=text, actor=INTEGRATOR)
+    return Task.objects.get(pk=task.pk)
+
+
+def no_sweep_doorbell(task_id, region) -> None:
+    pass
+
+
+def test_a_refund_runs_to_waiting_input_with_its_evidence_recorded(acme):
+    task = waiting_for_input(acme)
+    point = services.latest_checkpoint(task)
+    assert point.step == "ask_customer"
+    assert point.facts["order_status"] == "delivered" and point.facts["triage"] == "refund"
+    assert point.facts["triage_model"] == "scripted-v1"
+    assert task.wait_deadline is not None and task.wait_deadline > timezone.now()
+
+
+def test_an_answer_resumes_through_validation_to_the_next_wait(acme):
+    task = answer(waiting_for_input(acme))
+    assert task.state == State.RESUME_VALIDATION
+    task = run(task)
+    assert task.state == State.WAITING_EXTERNAL
+    proceed = TransitionEvent.objects.get(task=task, trigger="proceed")
+    assert proceed.reason_code == "revalidated"
+
+
+def test_the_same_answer_posted_twice_applies_once(acme):
+    task = waiting_for_input(acme)
+    version = task.state_version
+    first = services.task_provide_input(task, expected_version=version, answer="mug", actor=INTEGRATOR)
+    again = services.task_provide_input(
+        Task.objects.get(pk=task.pk), expected_version=version, answer="mug", actor=INTEGRATOR
+    )
+    assert (first.applied, again.applied) == (True, False)
+    assert TaskInput.objects.filter(task=task).count() == 1
+    assert Task.objects.get(pk=task.pk).state_version == version + 1
+
+
+def test_a_duplicate_external_event_applies_once(acme):
+    task = run(answer(waiting_for_input(acme)))
+    assert task.state == State.WAITING_EXTERNAL
+    deliveries = [
+        services.task_deliver_event(
+            Task.objects.get(pk=task.pk),
+            event_key="ship-1",
+            event_type="shipment.returned",
+            payload={"tracking_number": "TRK-1"},
+            actor=INTEGRATOR,
+        )
+        for _ in range(3)
+    ]
+    assert [d.applied for d in deliveries] == [True, False, False]
+    assert ExternalEvent.objects.filter(task=task).count() == 1
+    assert TransitionEvent.objects.filter(task=task, trigger="external_event").count() == 1
+    task = run(Task.objects.get(pk=task.pk))
+    assert task.state == State.COMPLETED and task.outcome["return_tracking"] == "TRK-1"
+
+
+def test_an_event_that_arrives_early_is_kept_and_applied_when_the_task_waits_for_it(acme):
+    task = waiting_for_input(acme)
+    early = services.task_deliver_event(
+        task,
+        event_key="ship-0",
+        event_type="shipment.returned",
+        payload={"tracking_number": "EARLY"},
+        actor=INTEGRATOR,
+    )
+    assert early.applied and "stored" in early.note
+    task = run(answer(Task.objects.get(pk=task.pk)))
+    assert task.state == State.COMPLETED  # never entered waiting_external
+    assert task.outcome["return_tracking"] == "EARLY"
+
+
+def test_a_wait_past_its_deadline_expires_through_the_sweep(acme):
+    task = waiting_for_input(acme)
+    report = sweep.sweep(no_sweep_doorbell, now=task.wait_deadline + timedelta(seconds=1))
+    task = Task.objects.get(pk=task.pk)
+    assert report.expired == 1
+    assert (task.state, task.outcome["reason"]) == (State.EXPIRED, "wait_expired")
+    assert last_event(task).trigger == "wait_expired"
+
+
+def test_a_task_past_its_deadline_expires_on_resume(acme):
+    task = waiting_for_input(acme, deadline=timezone.now() + timedelta(seconds=2))
+    Task.objects.filter(pk=task.pk).update(deadline=timezone.now() - timedelta(seconds=1))
+    task = run(answer(task))
+    assert (task.state, task.state_reason) == (State.EXPIRED, "deadline_passed")
+
+
+def test_a_policy_change_during_the_wait_replans_from_the_evidence(acme):
+    task = waiting_for_input(acme)
+    Policy.objects.update_or_create(task_type="refund_request", defaults={"version": "2027-01"})
+    task = run(answer(task))
+    replan = TransitionEvent.objects.get(task=task, trigger="replan")
+    assert replan.reason_code == "policy_changed"
+    assert task.policy_version == "2027-01"
+    # Replanning re-read the evidence and re-triaged, but did not ask the customer again.
+    assert task.state == State.WAITING_EXTERNAL
+    assert TransitionEvent.objects.filter(task=task, trigger="request_input").count() == 1
+
+
+def test_evidence_that_changed_during_the_wait_is_refreshed_not_reused(acme):
+    task = waiting_for_input(acme)
+    put_order("A-1", status="returned", total="100.00")  # version 2
+    task = run(answer(task))
+    refresh = TransitionEvent.objects.get(task=task, trigger="refresh")
+    assert "orders/A-1 v1 -> v2" in refresh.reason
+    assert services.latest_checkpoint(task).facts["order_status"] == "returned"
+    # The fresh evidence changed the model's decision: a returned order goes to manual review.
+    assert (task.state, task.state_reason) == (State.FAILED, "refund_needs_manual_review")
+
+
+def test_an_unapproved_runtime_config_is_replaced_by_the_current_one(acme):
+    RuntimeConfig.objects.create(
+        task_type="refund_request",
+        model_id="scripted-v1",
+        prompt_id="refund-triage@1",
+        toolset_id="orders+payments@1",
+        approved=True,
+        current=True,
+    )
+    task = waiting_for_input(acme)
+    RuntimeConfig.objects.filter(task_type="refund_request").update(approved=False, current=False)
+    RuntimeConfig.objects.create(
+        task_type="refund_request",
+        model_id="scripted-v1",
+        prompt_id="refund-triage@2",
+        toolset_id="orders+payments@1",
+        approved=True,
+        current=True,
+    )
+    task = run(answer(task))
+    assert TransitionEvent.objects.get(task=task, trigger="replan").reason_code == "runtime_config_replaced"
+    assert task.prompt_id == "refund-triage@2"
+
+
+def test_a_withdrawn_runtime_config_with_no_replacement_quarantines(acme):
+    RuntimeConfig.objects.create(
+        task_type="refund_request",
+        model_id="scripted-v1",
+        prompt_id="refund-triage@1",
+        toolset_id="orders+payments@1",
+        approved=True,
+        current=True,
+    )
+    task = waiting_for_input(acme)
+    RuntimeConfig.objects.update(approved=False, current=False)
+    task = run(answer(task))
+    assert (task.state, task.state_reason) == (State.QUARANTINED, "runtime_config_unapproved")
+
+
+def test_an_owner_who_lost_access_quarantines_the_resume(acme, operator):
+    task = waiting_for_input(acme, owner=operator)
+    Membership.objects.filter(user=operator).delete()
+    task = run(answer(task))
+    assert (task.state, task.state_reason) == (State.QUARANTINED, "owner_access_revoked")
+
+
+def test_a_checkpoint_naming_a_step_the_code_no_longer_has_quarantines(acme):
+    from tasks.models import Checkpoint
+
+    task = make_task(acme)
+    row = Checkpoint.objects.get(task=task)
+    Checkpoint.objects.filter(pk=row.pk).update(body=row.body.replace('"gather_evidence"', '"renamed_step"'))
+    task = run(task)
+    assert (task.state, task.state_reason) == (State.QUARANTINED, "unknown_step")
+
+
+def test_a_stale_decision_is_discarded_not_applied(acme, admin_user, monkeypatch):
+    """A worker whose task moved on while it was thinking commits nothing."""
+    from tasks import engine
+
+    task = make_task(acme)
+    real_decide = engine.decide
+
+    def decide_slowly(task, checkpoint, **kwargs):
+        decision = real_decide(task, checkpoint, **kwargs)
+        services.task_control(
+            task,
+            "escalate",
+            user=admin_user,
+            roles=frozenset({"admin"}),
+            expected_version=task.state_version,
+            reason="meanwhile",
+        )
+        return decision
+
+    monkeypatch.setattr(engine, "decide", decide_slowly)
+    outcome = runner.run_task(task.id, worker_id="slow", region="default")
+    assert outcome == "stale_version"
+    task = Task.objects.get(pk=task.pk)
+    assert task.state_version == 2 and last_event(task).trigger == "escalate"
