@@ -137,6 +137,9 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
 }
 
+# Identifies the code that is running; checkpoints record it, and a task resumed
+# by another deployment goes through resume validation first.
+DEPLOYMENT_ID = env.str("DEPLOYMENT_ID", default="dev")
 # Region this process advances tasks for (workers claim only their region's tasks).
 WORKER_REGION = env.str("WORKER_REGION", default="default")
 # Policy version stamped on new tasks until policies live in the database.

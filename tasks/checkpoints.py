@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tasks.states import State
 
-CURRENT_SCHEMA = 1
+CURRENT_SCHEMA = 2
 CODEC = "json/v1"
 
 Scalar = str | int | float | bool | None
@@ -87,8 +87,11 @@ class Progress(_Strict):
     evidence: list[EvidenceRef] = Field(default_factory=list)
 
 
-class CheckpointV1(Progress):
-    schema_version: Literal[1] = 1
+class CheckpointV2(Progress):
+    schema_version: Literal[2] = 2
+    # The deployment that wrote this checkpoint; a worker of another deployment
+    # revalidates before resuming from it ("" = written before this was recorded).
+    deployment: str = ""
     task_id: UUID
     state: State
     state_version: int = Field(ge=1)
@@ -107,7 +110,7 @@ class CheckpointV1(Progress):
         return Progress.model_validate(self.model_dump(include=set(Progress.model_fields)))
 
 
-Checkpoint = CheckpointV1  # the current contract
+Checkpoint = CheckpointV2  # the current contract
 
 
 class CheckpointUnreadable(Exception):
@@ -126,7 +129,14 @@ class CheckpointUnreadable(Exception):
 # Migration chain: MIGRATIONS[n] turns a version-n document (a dict) into a
 # version-(n+1) document. Pure functions: no I/O, no clock, no database.
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
-MIGRATIONS: dict[int, Migration] = {}
+
+
+def _v1_to_v2(document: dict[str, Any]) -> dict[str, Any]:
+    """v2 records the writing deployment; a v1 checkpoint's is unknown."""
+    return {**document, "deployment": document.get("deployment", "")}
+
+
+MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2}
 
 
 def encode(checkpoint: Checkpoint) -> str:

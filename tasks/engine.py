@@ -11,6 +11,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
+
 from tasks import evidence, registry, validation
 from tasks.checkpoints import Checkpoint, EvidenceRef, Progress
 from tasks.decisions import Decision, quarantine, retry_later
@@ -39,6 +41,15 @@ def decide(task: Task, checkpoint: Checkpoint, *, model: Model, now: datetime) -
             progress,
             reason_code=task.state_reason,
             changes={"outcome": {"canceled": task.state_reason, "effects_not_undone": []}},
+        )
+    if checkpoint.deployment != settings.DEPLOYMENT_ID:
+        written_by = checkpoint.deployment or "an unrecorded deployment"
+        return Decision(
+            State.RESUME_VALIDATION,
+            Trigger.DEPLOYMENT_CHANGED,
+            progress,
+            reason_code="deployment_changed",
+            reason=f"checkpoint written by {written_by}, resuming on {settings.DEPLOYMENT_ID}",
         )
     step = kind.step(checkpoint.step)
     if step is None:

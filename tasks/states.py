@@ -71,6 +71,7 @@ class Trigger(models.TextChoices):
     REFRESH = "refresh"
     REPLAN = "replan"
     REAPPROVE = "reapprove"
+    DEPLOYMENT_CHANGED = "deployment_changed"
     EXPIRE = "expire"
     CANCEL = "cancel"
     CANCEL_CONFIRMED = "cancel_confirmed"
@@ -105,6 +106,8 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     + _edges([S.READY, S.CANCEL_REQUESTED], S.OUTCOME_UNKNOWN, T.DISPATCH_UNKNOWN, A.WORKER)
     + _edges([S.READY], S.COMPLETED, T.COMPLETE, A.WORKER)
     + _edges([S.READY, S.RESUME_VALIDATION], S.FAILED, T.FAIL, A.WORKER)
+    # A checkpoint written by another deployment is revalidated before a worker resumes from it.
+    + _edges([S.READY], S.RESUME_VALIDATION, T.DEPLOYMENT_CHANGED, A.WORKER)
     # Leaving any wait goes through resume validation first.
     + _edges([S.WAITING_INPUT], S.RESUME_VALIDATION, T.INPUT_RECEIVED, A.INTEGRATOR, A.OPERATOR)
     + _edges([S.WAITING_APPROVAL], S.RESUME_VALIDATION, T.APPROVAL_DECIDED, A.APPROVER)

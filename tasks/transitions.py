@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
@@ -120,6 +121,7 @@ def _checkpoint_for(task: Task, progress: checkpoints.Progress, actions: list[Ac
             model=task.model_id, prompt=task.prompt_id, tool_set=task.toolset_id
         ),
         trace_link=trace_link,
+        deployment=settings.DEPLOYMENT_ID,
         attempt=task.attempt,
         created_at=task.created_at,
         state_entered_at=task.state_entered_at,

@@ -16,6 +16,7 @@ import pytest
 from django.utils import timezone
 
 from audit.models import TransitionEvent
+from tasks.checkpoints import CURRENT_SCHEMA
 from tasks.models import Task
 from tasks.states import State, Trigger
 from tasks.transitions import ActionIntent, Actor, advance
@@ -483,7 +484,7 @@ def test_the_first_checkpoint_is_readable_with_its_document(operator, acme):
     rows = api_client_for(operator).get(url(task, "checkpoints")).json()["results"]
     assert len(rows) == 1
     row = rows[0]
-    assert (row["state_version"], row["schema_version"], row["codec"]) == (1, 1, "json/v1")
+    assert (row["state_version"], row["schema_version"], row["codec"]) == (1, CURRENT_SCHEMA, "json/v1")
     assert row["readable"] is True
     document = row["document"]
     assert (document["task_id"], document["state"], document["state_version"]) == (str(task.id), "ready", 1)

@@ -238,3 +238,15 @@ def test_a_stale_decision_is_discarded_not_applied(acme, admin_user, monkeypatch
     assert outcome == "stale_version"
     task = Task.objects.get(pk=task.pk)
     assert task.state_version == 2 and last_event(task).trigger == "escalate"
+
+
+def test_a_ready_task_from_another_deployment_is_revalidated_before_it_resumes(acme, settings):
+    task = make_task(acme)
+    settings.DEPLOYMENT_ID = "2026-12-01"
+    task = run(task)
+    assert task.state == State.WAITING_INPUT
+    triggers = list(
+        TransitionEvent.objects.filter(task=task).order_by("state_version").values_list("trigger", flat=True)
+    )
+    assert triggers[:3] == ["start", "deployment_changed", "proceed"]
+    assert services.latest_checkpoint(task).deployment == "2026-12-01"
