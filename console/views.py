@@ -9,6 +9,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from audit.models import TransitionEvent
@@ -16,7 +17,8 @@ from console.access import can_operate, get_task_for_user
 from console.forms import ControlForm
 from tasks import selectors, services
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
-from tasks.models import Checkpoint
+from tasks.leases import live_lease_exists
+from tasks.models import Checkpoint, Lease
 from tasks.states import State
 
 PAGE = 50
@@ -32,7 +34,9 @@ def queue(request):
         before = None
     if before:
         tasks = tasks.filter(id__lt=before)
-    rows = list(tasks.select_related("tenant").order_by("-id")[: PAGE + 1])
+    rows = list(
+        tasks.select_related("tenant").annotate(leased=live_lease_exists(timezone.now())).order_by("-id")[: PAGE + 1]
+    )
     query = request.GET.copy()
     query.pop("before", None)
     context = {
@@ -59,6 +63,7 @@ def task_detail(request, task_id):
         "controls": controls,
         "form": ControlForm(initial={"expected_version": task.state_version}),
         "ledger": selectors.ledger_summary(task),
+        "lease": Lease.objects.filter(task=task, expires_at__gt=timezone.now()).first(),
     }
     return render(request, "console/task_detail.html", context)
 

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from tasks.models import Checkpoint, Task
+from tasks.models import Checkpoint, Lease, Policy, RuntimeConfig, Task
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -26,3 +26,28 @@ class TaskAdmin(ReadOnlyAdmin):
 @admin.register(Checkpoint)
 class CheckpointAdmin(ReadOnlyAdmin):
     list_display = ("task", "state_version", "schema_version", "codec", "created_at")
+
+
+@admin.register(Policy)
+class PolicyAdmin(admin.ModelAdmin):
+    """Editable: a new version makes every waiting task of the type revalidate on resume."""
+
+    list_display = ("task_type", "version", "changed_at", "changed_by")
+    readonly_fields = ("changed_at", "changed_by")
+
+    def save_model(self, request, obj, form, change):
+        obj.changed_by = request.user.get_username()
+        super().save_model(request, obj, form, change)
+
+
+@admin.register(RuntimeConfig)
+class RuntimeConfigAdmin(admin.ModelAdmin):
+    """Editable: withdrawing approval sends resuming tasks to replan (or quarantine)."""
+
+    list_display = ("task_type", "model_id", "prompt_id", "toolset_id", "approved", "current", "changed_at")
+    list_filter = ("task_type", "approved", "current")
+
+
+@admin.register(Lease)
+class LeaseAdmin(ReadOnlyAdmin):
+    list_display = ("task", "worker_id", "token", "heartbeat_at", "expires_at")

@@ -97,3 +97,15 @@ def test_cancel_from_the_console_is_applied_and_audited(operator, acme):
         "customer asked",
         "cancel:task",
     )
+
+
+def test_the_queue_tells_active_ready_tasks_from_eligible_ones(operator, acme):
+    from tasks import leases
+
+    held = make_task(acme, objective="Being worked on")
+    make_task(acme, objective="Nobody on it")
+    leases.claim(held.id, worker_id="w1", region="default")
+    page = client_for(operator).get("/console/").content.decode()
+    rows = {line for line in page.split("<tr>") if "Being worked on" in line or "Nobody on it" in line}
+    assert any("Being worked on" in row and "active" in row for row in rows)
+    assert any("Nobody on it" in row and "eligible" in row for row in rows)
