@@ -154,6 +154,14 @@ CONNECTOR_URLS = {
     if key.startswith("CONNECTOR_") and key.endswith("_URL") and value
 }
 CONNECTOR_TIMEOUT = env.float("CONNECTOR_TIMEOUT", default=5.0)
+# Which class serves each connector name; a new connector is one class and one line here.
+LEDGER_CONNECTORS = {
+    "payments": "ledger.connectors.http.HTTPConnector",
+    "tickets": "ledger.connectors.http.HTTPConnector",
+    "email": "ledger.connectors.http.HTTPConnector",
+}
+# An outcome still unknown after this long is escalated to an operator.
+UNKNOWN_OUTCOME_ESCALATE_AFTER = env.float("UNKNOWN_OUTCOME_ESCALATE_AFTER", default=600.0)
 
 
 # Celery: the doorbell. Unset, an embedded filesystem broker under var/broker.
@@ -174,6 +182,10 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "sweep": {"task": "tasks.sweep", "schedule": env.float("SWEEP_INTERVAL", default=5.0)},
+    "reconcile": {
+        "task": "ledger.reconcile_unknown",
+        "schedule": env.float("RECONCILE_INTERVAL", default=10.0),
+    },
 }
 CELERY_BEAT_SCHEDULE_FILENAME = env.str(
     "CELERY_BEAT_SCHEDULE_FILENAME", default=str(VAR_DIR / "celerybeat-schedule")

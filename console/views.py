@@ -35,7 +35,9 @@ def queue(request):
     if before:
         tasks = tasks.filter(id__lt=before)
     rows = list(
-        tasks.select_related("tenant").annotate(leased=live_lease_exists(timezone.now())).order_by("-id")[: PAGE + 1]
+        tasks.select_related("tenant")
+        .annotate(leased=live_lease_exists(timezone.now()))
+        .order_by("-id")[: PAGE + 1]
     )
     query = request.GET.copy()
     query.pop("before", None)
@@ -98,8 +100,11 @@ def task_control(request, task_id, control):
     except TransitionNotAllowed as exc:
         messages.error(request, f"Not possible: {exc}")
     else:
+        note = f" ({result.note})" if result.note else ""
         if result.applied:
-            messages.success(request, f"{control.title()} applied; the task is now {result.task.state}.")
+            messages.success(
+                request, f"{control.title()} applied; the task is now {result.task.state}.{note}"
+            )
         else:
-            messages.info(request, f"Nothing to do: the task is already {result.task.state}.")
+            messages.info(request, f"Nothing changed: the task is {result.task.state}.{note}")
     return redirect("console:task", task_id=task.id)

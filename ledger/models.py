@@ -23,6 +23,33 @@ class DispatchState(models.TextChoices):
     RECONCILED_ABSENT = "reconciled_absent"
 
 
+# The ledger's own state machine: which dispatch state may follow which.
+# ``ledger.services.action_move`` is the only writer and checks this table.
+DISPATCH_MOVES: dict[str, frozenset[str]] = {
+    DispatchState.INTENDED: frozenset({DispatchState.DISPATCHING}),
+    DispatchState.DISPATCHING: frozenset(
+        {
+            DispatchState.SUCCEEDED,
+            DispatchState.FAILED,
+            DispatchState.UNKNOWN,
+            # a dispatch interrupted by a crash is settled by asking the system
+            DispatchState.RECONCILED_SUCCEEDED,
+            DispatchState.RECONCILED_FAILED,
+            DispatchState.RECONCILED_ABSENT,
+        }
+    ),
+    DispatchState.UNKNOWN: frozenset(
+        {DispatchState.RECONCILED_SUCCEEDED, DispatchState.RECONCILED_FAILED, DispatchState.RECONCILED_ABSENT}
+    ),
+    # absent after a lookup: safe to send again, with the same key
+    DispatchState.RECONCILED_ABSENT: frozenset({DispatchState.DISPATCHING}),
+}
+SETTLED_OK = frozenset({DispatchState.SUCCEEDED, DispatchState.RECONCILED_SUCCEEDED})
+SETTLED_FAILED = frozenset({DispatchState.FAILED, DispatchState.RECONCILED_FAILED})
+IN_DOUBT = frozenset({DispatchState.DISPATCHING, DispatchState.UNKNOWN})
+SENDABLE = frozenset({DispatchState.INTENDED, DispatchState.RECONCILED_ABSENT})
+
+
 class Action(models.Model):
     task = models.ForeignKey("tasks.Task", on_delete=models.PROTECT, related_name="actions")
     step = models.CharField(max_length=64)
@@ -36,6 +63,13 @@ class Action(models.Model):
     outcome = models.JSONField(null=True, blank=True)  # what the authoritative system said
     external_ref = models.CharField(max_length=200, blank=True, default="")
     attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    # Counters the metrics read: how often the authoritative system answered a
+    # repeated key with the first result instead of acting again, and how long
+    # the outcome stayed unknown.
+    duplicates_suppressed = models.PositiveIntegerField(default=0)
+    unknown_since = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
     compensation_of = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="compensations"
     )
@@ -49,6 +83,12 @@ class Action(models.Model):
                 fields=["created_at"],
                 condition=Q(dispatch_state="intended"),
                 name="action_intended",
+            ),
+            # The reconciler's and the cancel path's "what is in doubt for this task".
+            models.Index(
+                fields=["task", "unknown_since"],
+                condition=Q(dispatch_state__in=["dispatching", "unknown"]),
+                name="action_in_doubt",
             ),
         ]
 

@@ -401,6 +401,7 @@ class TaskControlApi(APIView):
 
     class Output(serializers.Serializer):
         applied = serializers.BooleanField()
+        note = serializers.CharField()
         task = TaskDetail()
 
     @extend_schema(
@@ -425,7 +426,11 @@ class TaskControlApi(APIView):
         )
         task = get_object_or_404(Task.objects.select_related("tenant", "owner"), pk=result.task.pk)
         return Response(
-            {"applied": result.applied, "task": TaskDetail(task, context={"request": request}).data}
+            {
+                "applied": result.applied,
+                "note": result.note,
+                "task": TaskDetail(task, context={"request": request}).data,
+            }
         )
 
 

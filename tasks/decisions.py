@@ -10,6 +10,7 @@ from tasks import registry
 from tasks.checkpoints import Progress
 from tasks.models import Task
 from tasks.states import State, Trigger
+from tasks.transitions import ActionIntent
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class Decision:
     reason: str = ""
     reason_code: str = ""
     changes: dict[str, Any] = field(default_factory=dict)
+    actions: tuple[ActionIntent, ...] = ()  # intents committed with the transition (the outbox)
 
 
 def quarantine(progress: Progress | None, code: str, reason: str) -> Decision:

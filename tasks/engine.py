@@ -13,12 +13,15 @@ from typing import Any
 
 from django.conf import settings
 
+from ledger import dispatch, reconcile
+from ledger.models import IN_DOUBT, SENDABLE, SETTLED_FAILED, SETTLED_OK, Action
 from tasks import evidence, registry, validation
-from tasks.checkpoints import Checkpoint, EvidenceRef, Progress
+from tasks.checkpoints import Checkpoint, EvidenceRef, Progress, ToolCallRecord
 from tasks.decisions import Decision, quarantine, retry_later
 from tasks.llm import Model, ModelUnavailable
 from tasks.models import ExternalEvent, Task
 from tasks.states import State, Trigger
+from tasks.transitions import ActionIntent
 
 MAX_FACT_LENGTH = 2000
 
@@ -29,19 +32,14 @@ def _scalar(value: Any) -> Any:
     return str(value)[:MAX_FACT_LENGTH]
 
 
-def decide(task: Task, checkpoint: Checkpoint, *, model: Model, now: datetime) -> Decision:
+def decide(task: Task, checkpoint: Checkpoint, *, model: Model, now: datetime) -> Decision | None:
+    """The next transition for ``task``, or None when nothing can be decided yet."""
     kind = registry.get(task.task_type)
     progress = checkpoint.progress
     if task.state == State.RESUME_VALIDATION:
         return validation.validate(task, checkpoint, kind, now)
     if task.state == State.CANCEL_REQUESTED:
-        return Decision(
-            State.CANCELED,
-            Trigger.CANCEL_CONFIRMED,
-            progress,
-            reason_code=task.state_reason,
-            changes={"outcome": {"canceled": task.state_reason, "effects_not_undone": []}},
-        )
+        return _confirm_cancel(task, progress)
     if checkpoint.deployment != settings.DEPLOYMENT_ID:
         written_by = checkpoint.deployment or "an unrecorded deployment"
         return Decision(
@@ -143,6 +141,8 @@ def _run_step(
                 reason=f"waiting for {step.event_type}",
                 changes={"wait_deadline": now + step.timeout},
             )
+        case registry.Dispatch():
+            return _dispatch(task, kind, step, progress, facts)
         case registry.Complete():
             outcome = {name: facts.get(name) for name in step.outcome}
             return Decision(State.COMPLETED, Trigger.COMPLETE, progress, changes={"outcome": outcome})
@@ -155,3 +155,114 @@ def _run_step(
                 changes={"outcome": {"reason": step.reason}},
             )
     return quarantine(progress, "unknown_step_kind", f"{type(step).__name__} has no interpreter")
+
+
+def _dispatch(
+    task: Task, kind: registry.TaskType, step: registry.Dispatch, progress: Progress, facts: dict[str, Any]
+) -> Decision:
+    """One side effect: commit the intent, send it once, then record what the system said.
+
+    Every branch is safe to reach again after a crash: the intent is found by
+    its key, a sent action is never sent again while in doubt, and a settled
+    one is only recorded.
+    """
+    if any(call.step == step.name for call in progress.tool_calls):
+        return _advance_to(progress, step.next, task)  # done before a refresh or replan brought us back
+    compensated = None
+    if step.compensates:
+        compensated = Action.objects.filter(task=task, step=step.compensates).order_by("-id").first()
+    intent = ActionIntent(
+        step=step.name,
+        connector=step.connector,
+        effect=step.effect(facts),
+        compensates=compensated.pk if compensated else None,
+    )
+    action = Action.objects.filter(task=task, step=step.name).order_by("-id").first()
+    if action is None:
+        # Checkpoint before dispatching: the intent commits with this transition.
+        return Decision(
+            State.READY,
+            Trigger.STEP,
+            progress.model_copy(update={"step": step.name}),
+            reason=f"intends {step.connector}: {intent.effect.get('kind', step.name)}",
+            actions=(intent,),
+        )
+    if action.idempotency_key != intent.idempotency_key(task.id) and action.dispatch_state not in SETTLED_OK:
+        return quarantine(
+            progress,
+            "effect_changed_after_intent",
+            f"{step.name}: the facts changed after {action.idempotency_key} was intended",
+        )
+    if action.dispatch_state in SENDABLE:
+        action = dispatch.claim_and_send(action.pk)
+    if action.dispatch_state in SETTLED_OK:
+        call = ToolCallRecord(
+            action_id=str(action.pk),
+            idempotency_key=action.idempotency_key,
+            step=step.name,
+            outcome=action.dispatch_state,
+        )
+        done = {**facts, step.output: action.external_ref} if step.output else facts
+        return _advance_to(
+            progress,
+            step.next,
+            task,
+            facts=done,
+            tool_calls=[*progress.tool_calls, call],
+            output_refs=[*progress.output_refs, f"{step.connector}:{action.external_ref}"],
+        )
+    if action.dispatch_state in SETTLED_FAILED:
+        if step.on_rejected:
+            return _advance_to(
+                progress, step.on_rejected, task, facts={**facts, f"{step.name}_rejected": True}
+            )
+        return Decision(
+            State.FAILED,
+            Trigger.FAIL,
+            progress,
+            reason=action.last_error,
+            reason_code="effect_rejected",
+            changes={"outcome": {"reason": "effect_rejected", "action": action.idempotency_key}},
+        )
+    # In doubt: nothing is sent again until the reconciler has asked the system.
+    return Decision(
+        State.OUTCOME_UNKNOWN,
+        Trigger.DISPATCH_UNKNOWN,
+        progress.model_copy(update={"step": step.name}),
+        reason=action.last_error or f"{action.idempotency_key} is {action.dispatch_state}",
+        reason_code="dispatch_unknown",
+    )
+
+
+def _confirm_cancel(task: Task, progress: Progress) -> Decision | None:
+    """Cancel after settling every in-flight effect; report what stays done.
+
+    Effects cannot be unsent: whatever the authoritative systems performed is
+    listed in the outcome as not undone. If a system cannot say yet, decide
+    nothing now (the sweep brings the task back).
+    """
+    for action in Action.objects.filter(task=task, dispatch_state__in=IN_DOUBT):
+        reconcile.reconcile_action(action)
+    if Action.objects.filter(task=task, dispatch_state__in=IN_DOUBT).exists():
+        return None
+    actions = list(Action.objects.filter(task=task).order_by("id"))
+    undone = {
+        a.compensation_of_id for a in actions if a.compensation_of_id and a.dispatch_state in SETTLED_OK
+    }
+    not_undone = [
+        {
+            "action": a.idempotency_key,
+            "connector": a.connector,
+            "external_ref": a.external_ref,
+            "step": a.step,
+        }
+        for a in actions
+        if a.dispatch_state in SETTLED_OK and a.compensation_of_id is None and a.pk not in undone
+    ]
+    return Decision(
+        State.CANCELED,
+        Trigger.CANCEL_CONFIRMED,
+        progress,
+        reason_code=task.state_reason,
+        changes={"outcome": {"canceled": task.state_reason, "effects_not_undone": not_undone}},
+    )

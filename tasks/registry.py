@@ -72,6 +72,23 @@ class AwaitExternal(Step):
 
 
 @dataclass(frozen=True)
+class Dispatch(Step):
+    """Perform a side effect through the ledger: intent first, then one send per claim.
+
+    ``effect`` builds the request from the accepted facts; the authoritative
+    system's reference becomes fact ``output``. A definite refusal goes to
+    ``on_rejected`` (or fails the task). ``compensates`` names the earlier
+    dispatch step whose effect this one undoes.
+    """
+
+    connector: str = ""
+    effect: Callable[[Facts], dict[str, Any]] = lambda facts: {}
+    output: str = ""
+    on_rejected: str = ""
+    compensates: str = ""
+
+
+@dataclass(frozen=True)
 class Complete(Step):
     """Finish; ``outcome`` picks the facts the terminal outcome reports."""
 
@@ -113,6 +130,12 @@ class TaskType:
         if len(names) != len(set(names)):
             raise ValueError(f"{self.name}: duplicate step names")
         targets = {step.next for step in self.steps if step.next}
+        targets |= {
+            step.on_rejected for step in self.steps if isinstance(step, Dispatch) and step.on_rejected
+        }
+        targets |= {
+            step.compensates for step in self.steps if isinstance(step, Dispatch) and step.compensates
+        }
         targets |= {
             t for step in self.steps if isinstance(step, ModelTurn) for t in step.routes.values() if t
         }
@@ -173,7 +196,7 @@ class OrderLookupInput(_Input):
 register(
     TaskType(
         name="refund_request",
-        description="Gather evidence, ask the customer, wait for the return shipment, then refund.",
+        description="Read the order, ask the customer, await the return, open a ticket, refund, notify.",
         input_model=RefundRequestInput,
         prompt_id="refund-triage@1",
         toolset_id="orders+payments@1",
@@ -202,12 +225,63 @@ register(
             ),
             AwaitExternal(
                 "await_return",
-                next="done",
+                next="open_ticket",
                 event_type="shipment.returned",
                 fact="return_tracking",
                 value="tracking_number",
             ),
-            Complete("done", outcome=("order_id", "amount", "damaged_item", "return_tracking")),
+            Dispatch(
+                "open_ticket",
+                next="pay_refund",
+                connector="tickets",
+                output="ticket_ref",
+                effect=lambda f: {
+                    "kind": "ticket.open",
+                    "subject": f"Refund for order {f['order_id']}",
+                    "customer": f["customer_email"],
+                },
+            ),
+            Dispatch(
+                "pay_refund",
+                next="notify",
+                connector="payments",
+                output="payment_ref",
+                on_rejected="close_ticket",
+                effect=lambda f: {
+                    "kind": "refund",
+                    "order_id": f["order_id"],
+                    "amount": f["amount"],
+                    "currency": f["currency"],
+                },
+            ),
+            Dispatch(
+                "notify",
+                next="done",
+                connector="email",
+                output="email_ref",
+                effect=lambda f: {
+                    "kind": "email",
+                    "to": f["customer_email"],
+                    "template": "refund_paid",
+                    "order_id": f["order_id"],
+                },
+            ),
+            Complete(
+                "done", outcome=("order_id", "amount", "damaged_item", "return_tracking", "payment_ref")
+            ),
+            Dispatch(
+                "close_ticket",
+                next="refund_declined",
+                connector="tickets",
+                output="ticket_closed_ref",
+                compensates="open_ticket",
+                effect=lambda f: {
+                    "kind": "ticket.close",
+                    "ticket": f["ticket_ref"],
+                    "reason": "refund declined",
+                },
+            ),
+            Fail("refund_declined", reason="refund_rejected_by_payments"),
             Fail("manual_review", reason="refund_needs_manual_review"),
         ),
     )

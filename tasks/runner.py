@@ -48,6 +48,8 @@ def run_task(
             if point.quarantined or task.state not in RUNNABLE:
                 return task.state
             decision = engine.decide(task, point.checkpoint, model=model, now=timezone.now())
+            if decision is None:
+                return "deferred"  # e.g. a cancel waiting on a system that cannot answer yet
             task = advance(
                 task.id,
                 task.state_version,
@@ -57,6 +59,7 @@ def run_task(
                 reason=decision.reason,
                 reason_code=decision.reason_code,
                 progress=decision.progress,
+                actions=decision.actions,
                 lease=lease,
                 **decision.changes,
             )

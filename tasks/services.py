@@ -184,6 +184,7 @@ CONTROLS: dict[str, Trigger] = {
     "release": Trigger.RELEASE,
     "retry": Trigger.RETRY,
     "escalate": Trigger.ESCALATE,
+    "reconcile": Trigger.RECONCILED,
 }
 # Controls whose result is visible in the state alone: repeating one is a no-op.
 _SETTLED_BY_STATE = {"cancel": State.CANCEL_REQUESTED, "quarantine": State.QUARANTINED}
@@ -195,6 +196,7 @@ ESCALATION_ROLES = ("operator", "approver", "admin")
 class ControlResult:
     task: Task
     applied: bool
+    note: str = ""
 
 
 def task_control(
@@ -235,6 +237,15 @@ def task_control(
             state_version=task.state_version,
         )
     actor = Actor.user(user, min(edge.by & kinds))
+    if control == "reconcile":
+        # The ledger builds on tasks, so it is imported here, keeping the layering one-way.
+        from ledger.reconcile import reconcile_task
+
+        result = reconcile_task(task.id, actor=actor)
+        note = "; ".join(result.settled) or "nothing was in doubt"
+        if result.still_unknown:
+            note = f"{result.still_unknown} still unknown: {note}"
+        return ControlResult(result.task, applied=result.moved, note=note)
     changes: dict[str, Any] = {}
     reason_code = control
     if control == "escalate":
@@ -255,11 +266,11 @@ def task_control(
         reason_code=reason_code,
         **changes,
     )
-    _ring_if_runnable(task)
+    ring_if_runnable(task)
     return ControlResult(task, applied=True)
 
 
-def _ring_if_runnable(task: Task) -> None:
+def ring_if_runnable(task: Task) -> None:
     if task.state in RUNNABLE:
         doorbell.ring(task.id, task.region)
 
@@ -341,7 +352,7 @@ def task_provide_input(task: Task, *, expected_version: int, answer: Scalar, act
         return task_provide_input(
             Task.objects.get(pk=task.pk), expected_version=expected_version, answer=answer, actor=actor
         )
-    _ring_if_runnable(task)
+    ring_if_runnable(task)
     return Delivery(task, applied=True)
 
 
@@ -408,5 +419,5 @@ def task_deliver_event(
             payload=payload,
             actor=actor,
         )
-    _ring_if_runnable(task)
+    ring_if_runnable(task)
     return Delivery(task, applied=True)

@@ -63,6 +63,7 @@ class ActionIntent:
     step: str
     connector: str
     effect: Mapping[str, Any] = field(default_factory=dict)
+    compensates: int | None = None  # the action this one undoes
 
     @property
     def digest(self) -> str:
@@ -171,6 +172,7 @@ def _ledger_rows(task: Task, intents: Iterable[ActionIntent], now: datetime) -> 
             connector=intent.connector,
             effect=dict(intent.effect),
             effect_digest=intent.digest,
+            compensation_of_id=intent.compensates,
             created_at=now,
             updated_at=now,
         )

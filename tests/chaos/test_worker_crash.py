@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from audit.chain import verify_task
 from audit.models import TransitionEvent
-from sandbox.models import Fault
+from sandbox.models import Effect, Fault
 from tasks import services
 from tasks.models import Lease, Task
 from tasks.states import ActorKind, State
@@ -158,12 +158,15 @@ def test_killed_after_entering_waiting_external_the_event_completes_the_task(acm
     workers()
     wait_for(lambda: state_of(task)[0] == State.COMPLETED, what="completion")
     stored = Task.objects.get(pk=task.pk)
+    payment = Effect.objects.get(system="payments")
     assert stored.outcome == {
         "order_id": "A-1",
         "amount": "10.00",
         "damaged_item": "mug",
         "return_tracking": "TRK-9",
+        "payment_ref": str(payment.pk),
     }
+    assert [e.system for e in Effect.objects.order_by("id")] == ["tickets", "payments", "email"]
     assert triggers(task).count("complete") == 1
     assert_history_is_whole(task)
 

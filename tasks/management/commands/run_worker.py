@@ -1,6 +1,6 @@
 """manage.py run_worker: a worker that polls the database instead of a broker.
 
-1. (with ``--sweep``) end overdue waits and expire late tasks;
+1. (with ``--sweep``) end overdue waits, expire late tasks, reconcile unknown outcomes;
 2. claim up to ``--batch`` runnable tasks of ``--region`` without a live lease;
 3. run each until it waits or ends; sleep ``--idle`` seconds when none was found.
 SIGTERM/SIGINT: finish the task in hand, then exit. ``--once`` runs one round.
@@ -16,6 +16,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from ledger import reconcile
 from tasks import runner, sweep
 from tasks.workers import worker_id
 
@@ -51,6 +52,7 @@ class Command(BaseCommand):
         while not stopping:
             if with_sweep:
                 sweep.sweep(lambda task_id, task_region: None)  # this loop polls; no doorbell needed
+                reconcile.reconcile_unknown()
             ran = runner.run_available(worker_id=me, region=region, limit=batch, ttl=ttl)
             if once or (max_seconds and time.monotonic() - started > max_seconds):
                 break

@@ -1,0 +1,76 @@
+"""A connector for any system speaking the sandbox protocol over HTTP.
+
+``POST {base}/effects/`` with an ``Idempotency-Key`` header; ``GET
+{base}/effects/{key}``. The base URL is ``CONNECTOR_<NAME>_URL`` (default:
+the built-in sandbox), so a real system or a test double can stand in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from django.conf import settings
+
+from config.external import connector_url
+from ledger.connectors.base import Outcome, OutcomeUnknown, Rejected
+
+
+class HTTPConnector:
+    def __init__(self, name: str, *, timeout: float | None = None):
+        self.name = name
+        self.timeout = timeout
+
+    @property
+    def base_url(self) -> str:
+        return connector_url(self.name)
+
+    def _timeout(self) -> float:
+        return self.timeout or settings.CONNECTOR_TIMEOUT
+
+    @staticmethod
+    def _outcome(body: dict[str, Any], *, replayed: bool = False) -> Outcome:
+        return Outcome(
+            replayed=replayed,
+            status="failed" if body.get("status") == "failed" else "succeeded",
+            external_ref=str(body.get("id", "")),
+            record_version=str(body.get("record_version", "")),
+            detail={k: v for k, v in body.items() if k in ("status", "created_at")},
+        )
+
+    def dispatch(self, key: str, effect: dict[str, Any]) -> Outcome:
+        try:
+            response = httpx.post(
+                f"{self.base_url}/effects/",
+                json=effect,
+                headers={"Idempotency-Key": key},
+                timeout=self._timeout(),
+            )
+        except httpx.HTTPError as exc:  # includes timeouts: the request may have been acted on
+            raise OutcomeUnknown(f"{self.name}: {type(exc).__name__}: {exc}") from None
+        if response.status_code in (200, 201):
+            try:
+                return self._outcome(response.json(), replayed=response.status_code == 200)
+            except ValueError:
+                raise OutcomeUnknown(f"{self.name}: unreadable success answer") from None
+        if 400 <= response.status_code < 500:
+            raise Rejected(f"{self.name} refused the effect ({response.status_code}): {response.text[:200]}")
+        raise OutcomeUnknown(f"{self.name} answered {response.status_code}")
+
+    def lookup(self, key: str) -> Outcome | None:
+        try:
+            response = httpx.get(f"{self.base_url}/effects/{quote(key, safe='')}", timeout=self._timeout())
+        except httpx.HTTPError as exc:
+            raise OutcomeUnknown(f"{self.name} lookup: {type(exc).__name__}: {exc}") from None
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise OutcomeUnknown(f"{self.name} lookup answered {response.status_code}")
+        try:
+            return self._outcome(response.json())
+        except ValueError:
+            raise OutcomeUnknown(f"{self.name} lookup: unreadable answer") from None
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "protocol": "sandbox-effects/1", "base_url": self.base_url}
