@@ -19,17 +19,16 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 from opentelemetry import trace
 
 from audit.chain import GENESIS, event_hash
 from audit.models import TransitionEvent
 from ledger.models import Action
-from tasks import checkpoints
+from tasks import checkpoints, hotpath
 from tasks.exceptions import LeaseLost, StaleVersion, TaskNotFound, TransitionNotAllowed
 from tasks.leases import Held
-from tasks.models import Checkpoint, Lease, Task
+from tasks.models import Checkpoint, Task
 from tasks.states import WAITING, ActorKind, State, Trigger, find_edge
 
 log = logging.getLogger(__name__)
@@ -91,6 +90,8 @@ CHANGEABLE = frozenset(
         "toolset_id",
     }
 )
+# Every column the compare-and-set writes (state_version is bumped in SQL).
+WRITTEN = ("state", "state_reason", "updated_at", "state_entered_at", "audit_head", *sorted(CHANGEABLE))
 
 
 def _trace_ids() -> tuple[str, str]:
@@ -187,9 +188,9 @@ def _write_history(
     records: Iterable[models.Model] = (),
 ) -> None:
     """Every row a transition adds besides the task update, inside its transaction."""
-    TransitionEvent.objects.bulk_create([event])
+    hotpath.insert(event)
     if checkpoint is not None:
-        Checkpoint.objects.bulk_create([checkpoint])
+        hotpath.insert(checkpoint)
     if actions:
         Action.objects.bulk_create(actions)
     for record in records:
@@ -287,7 +288,7 @@ def advance(
     ) as span:
         trace_id, traceparent = _trace_ids()
         with transaction.atomic(durable=True):
-            task = Task.objects.filter(pk=task_id).first()
+            task = hotpath.load_task(task_id)
             if task is None:
                 raise TaskNotFound(f"task {task_id} does not exist")
             if task.state_version != expected_version:
@@ -332,23 +333,12 @@ def advance(
             # The compare-and-set: the row count is the lock result. A writer that
             # committed first leaves 0 rows here (PostgreSQL re-checks the WHERE
             # after waiting on its row lock).
-            guarded = Task.objects.filter(pk=task.pk, state_version=expected_version, state=from_state)
-            if lease is not None:
-                # The fence rides on the same UPDATE: no extra round trip, no gap between check and write.
-                live = Lease.objects.filter(
-                    task_id=OuterRef("pk"), token=lease.token, worker_id=lease.worker_id, expires_at__gt=now
-                )
-                guarded = guarded.filter(Exists(live))
-            updated = guarded.update(
-                state=task.state,
-                state_version=F("state_version") + 1,
-                state_reason=task.state_reason,
-                updated_at=now,
-                state_entered_at=task.state_entered_at,
-                audit_head=task.audit_head,
-                **{name: getattr(task, name) for name in CHANGEABLE},
+            # The fence rides on the same UPDATE: no extra round trip, no gap between check and write.
+            fence = (lease.token, lease.worker_id, now) if lease is not None else None
+            updated = hotpath.compare_and_set(
+                task, expected_version=expected_version, from_state=from_state, fields=WRITTEN, lease=fence
             )
-            if updated != 1:
+            if not updated:
                 current = Task.objects.filter(pk=task.pk).values("state", "state_version").get()
                 if lease is not None and current["state_version"] == expected_version:
                     raise LeaseLost(f"lease #{lease.token} on task {task.pk} is no longer held", **current)

@@ -18,6 +18,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 class Command(BaseCommand):
     help = "Serve the console and run a worker and the sweep (Ctrl-C stops all)."
 
@@ -52,6 +56,8 @@ class Command(BaseCommand):
         }
         procs = {name: subprocess.Popen(cmd, env=env) for name, cmd in commands.items()}
         self.stdout.write(f"console on http://{addrport}/console/  (Ctrl-C stops web, worker and beat)")
+        # SIGTERM (e.g. from a supervisor) stops the children too, like Ctrl-C does.
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
             while all(proc.poll() is None for proc in procs.values()):
                 time.sleep(0.5)

@@ -1,0 +1,122 @@
+"""The statements every transition runs, compiled once per connection.
+
+The ORM rebuilds SQL on each call; for the three statements of a transition
+(read the task, compare-and-set it, insert its history rows) that cost more
+client CPU than PostgreSQL spent executing them (``bench/transitions.py``).
+Here the SQL is built once from the models' own metadata, and every value
+still passes through its field's database conversion in both directions, so
+the statements cannot drift from the models.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.db import DEFAULT_DB_ALIAS, connections, models
+
+from tasks.models import Lease, Task
+
+_cache: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _connection() -> Any:
+    return connections[DEFAULT_DB_ALIAS]  # the thread's own wrapper, not the module-level proxy
+
+
+def _prepared() -> dict[Any, Any]:
+    """This connection's compiled statements (connections are per thread, and so is this)."""
+    found = _cache.get(_connection())
+    if found is None:
+        found = _cache[_connection()] = {}
+    return found
+
+
+def _column(model: type[models.Model], name: str) -> str:
+    return _connection().ops.quote_name(model._meta.get_field(name).column)
+
+
+def load_task(task_id: UUID | str) -> Task | None:
+    """``Task.objects.filter(pk=task_id).first()``, without building the query each time."""
+    connection, prepared = _connection(), _prepared()
+    if "select" not in prepared:
+        compiler = Task.objects.filter(pk=UUID(int=0)).query.get_compiler(connection=connection)
+        sql, _ = compiler.as_sql()
+        converters = compiler.get_converters([col for col, _, _ in compiler.select])
+        prepared["select"] = (sql, compiler, converters, [f.attname for f in Task._meta.concrete_fields])
+    sql, compiler, converters, names = prepared["select"]
+    pk = Task._meta.pk
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [pk.get_db_prep_value(pk.to_python(task_id), connection)])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    if converters:
+        row = next(compiler.apply_converters([row], converters))
+    return Task.from_db(connection.alias, names, row)
+
+
+def compare_and_set(
+    task: Task,
+    *,
+    expected_version: int,
+    from_state: str,
+    fields: Sequence[str],
+    lease: tuple[int, str, datetime] | None = None,
+) -> bool:
+    """Write ``fields`` of ``task`` and bump its version, only if it is still at
+    ``expected_version`` in ``from_state`` (and, given ``lease`` = (token,
+    worker id, now), only while that lease is live). True if the row changed.
+    """
+    key = ("update", tuple(fields), lease is not None)
+    connection, prepared = _connection(), _prepared()
+    if key not in prepared:
+        table = connection.ops.quote_name(Task._meta.db_table)
+        version = _column(Task, "state_version")
+        sets = ", ".join(f"{_column(Task, name)} = %s" for name in fields)
+        sql = (
+            f"UPDATE {table} SET {version} = {version} + 1, {sets} "
+            f"WHERE {_column(Task, 'id')} = %s AND {version} = %s AND {_column(Task, 'state')} = %s"
+        )
+        if lease is not None:
+            sql += (
+                f" AND EXISTS (SELECT 1 FROM {connection.ops.quote_name(Lease._meta.db_table)}"
+                f" WHERE {_column(Lease, 'task')} = %s AND {_column(Lease, 'token')} = %s"
+                f" AND {_column(Lease, 'worker_id')} = %s AND {_column(Lease, 'expires_at')} > %s)"
+            )
+        prepared[key] = (sql, [Task._meta.get_field(name) for name in fields])
+    sql, columns = prepared[key]
+    pk = Task._meta.get_field("id").get_db_prep_value(task.pk, connection)
+    params = [field.get_db_prep_save(getattr(task, field.attname), connection) for field in columns]
+    params += [pk, expected_version, from_state]
+    if lease is not None:
+        token, worker_id, now = lease
+        params += [
+            pk,
+            token,
+            worker_id,
+            Lease._meta.get_field("expires_at").get_db_prep_value(now, connection),
+        ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount == 1
+
+
+def insert(obj: models.Model) -> None:
+    """``obj.save(force_insert=True)`` for append-only rows whose id the caller never reads."""
+    model = type(obj)
+    key = ("insert", model)
+    connection, prepared = _connection(), _prepared()
+    if key not in prepared:
+        fields = [f for f in model._meta.concrete_fields if not (f.primary_key and f.db_returning)]
+        columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+        placeholders = ", ".join(["%s"] * len(fields))
+        table = connection.ops.quote_name(model._meta.db_table)
+        prepared[key] = (f"INSERT INTO {table} ({columns}) VALUES ({placeholders})", fields)
+    sql, fields = prepared[key]
+    params = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
