@@ -18,6 +18,7 @@ import logging
 from django.db import transaction
 
 from ledger import connectors
+from tasks import chaos
 from ledger.connectors.base import OutcomeUnknown, Rejected
 from ledger.models import SENDABLE, Action, DispatchState
 from ledger.services import action_move
@@ -43,6 +44,7 @@ def send(action: Action) -> Action:
     connector = connectors.get(action.connector)
     try:
         outcome = connector.dispatch(action.idempotency_key, dict(action.effect))
+        chaos.after_send(action)
     except Rejected as exc:
         action_move(
             action.pk,

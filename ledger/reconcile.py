@@ -22,6 +22,7 @@ from ledger import connectors
 from ledger.connectors.base import OutcomeUnknown
 from ledger.models import IN_DOUBT, Action, DispatchState
 from ledger.services import action_move
+from tasks import chaos
 from tasks import services as task_services
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import Task
@@ -96,6 +97,7 @@ def reconcile_task(task_id: UUID | str, *, actor: Actor) -> Reconciled:
         reason_code="reconciled",
         progress=point.progress,
     )
+    chaos.after_reconcile(task)
     task_services.ring_if_runnable(task)
     return Reconciled(task, settled, 0)
 

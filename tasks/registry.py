@@ -193,6 +193,12 @@ class OrderLookupInput(_Input):
     order_id: ShortText
 
 
+class PayInvoiceInput(_Input):
+    invoice_id: ShortText
+    amount: Decimal = Field(gt=0, max_digits=12, decimal_places=2)
+    currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")] = "USD"
+
+
 register(
     TaskType(
         name="refund_request",
@@ -313,6 +319,26 @@ register(
                 instructions="Summarize the order's status in one sentence.",
             ),
             Complete("done", outcome=("order_id", "order_status", "summary")),
+        ),
+    )
+)
+
+register(
+    TaskType(
+        name="pay_invoice",
+        description="Pay one invoice: the smallest task with a side effect.",
+        input_model=PayInvoiceInput,
+        toolset_id="payments@1",
+        steps=(
+            Dispatch(
+                "pay",
+                next="done",
+                connector="payments",
+                output="payment_ref",
+                effect=lambda f: {"kind": "charge", "invoice": f["invoice_id"], "amount": f["amount"],
+                                  "currency": f["currency"]},
+            ),
+            Complete("done", outcome=("invoice_id", "amount", "payment_ref")),
         ),
     )
 )

@@ -25,29 +25,10 @@ from tasks.models import Lease, Task
 from tasks.states import ActorKind, State
 from tasks.transitions import Actor
 from tests.conftest import make_task
-from tests.workflow import ROOT, WorkerProcess, database_url, put_order, state_of, wait_for
+from tests.workflow import ROOT, database_url, put_order, state_of, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 INTEGRATOR = Actor(ActorKind.INTEGRATOR, "tests")
-
-
-@pytest.fixture
-def sandbox(live_server) -> str:
-    return f"{live_server.url}/sandbox"
-
-
-@pytest.fixture
-def workers(sandbox, tmp_path):
-    started: list[WorkerProcess] = []
-
-    def start(**kwargs) -> WorkerProcess:
-        worker = WorkerProcess(sandbox, tmp_path, **kwargs)
-        started.append(worker)
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
 
 
 def triggers(task: Task) -> list[str]:
