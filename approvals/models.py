@@ -1,1 +1,75 @@
-"""Approval requests and decisions (see issue: approvals bound to digests)."""
+"""Approval requests, bound to a digest of what they authorize, and their decisions."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from tasks.ids import uuid7
+
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    INVALIDATED = "invalidated"
+
+
+class Decision(models.TextChoices):
+    APPROVE = "approve"
+    REJECT = "reject"
+
+
+class ApprovalRequest(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    task = models.ForeignKey("tasks.Task", on_delete=models.CASCADE, related_name="approval_requests")
+    tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.PROTECT, related_name="+")
+    # The step asking, the dispatch step it authorizes, and the task version that
+    # waits for the decision: a decision only applies to that exact wait.
+    step = models.CharField(max_length=64)
+    action_step = models.CharField(max_length=64)
+    waiting_version = models.PositiveIntegerField()
+    consequential = models.JSONField()  # exactly the fields the digest covers, as shown to approvers
+    digest = models.CharField(max_length=64)
+    material = models.JSONField(default=dict)  # material facts as they stood when asked
+    evidence = models.JSONField(default=list)  # references: system, record_id, record_version, fetched_at
+    policy_reason = models.TextField()
+    policy_version = models.CharField(max_length=64)
+    approver_role = models.CharField(max_length=16, default="approver")
+    requested_by = models.CharField(
+        max_length=200
+    )  # actor id of whoever wants the action: never its approver
+    allowed_decisions = models.JSONField(default=list)
+    expires_at = models.DateTimeField()
+    status = models.CharField(max_length=16, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING)
+    created_at = models.DateTimeField()
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        permissions = [("decide_approvalrequest", "Can decide this approval request")]
+        indexes = [
+            # The inbox: a tenant's pending requests, oldest first.
+            models.Index(
+                fields=["tenant", "created_at"], condition=Q(status="pending"), name="approval_inbox"
+            ),
+            # The engine's "latest request of this step".
+            models.Index(fields=["task", "step", "-created_at"], name="approval_task_step"),
+        ]
+
+    def __str__(self) -> str:
+        return f"approval {self.id} for {self.task_id}:{self.action_step} [{self.status}]"
+
+
+class ApprovalDecision(models.Model):
+    # One decision per request: a second, concurrent one cannot commit.
+    request = models.OneToOneField(ApprovalRequest, on_delete=models.CASCADE, related_name="decision")
+    decision = models.CharField(max_length=8, choices=Decision.choices)
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    digest_seen = models.CharField(max_length=64)
+    comment = models.TextField(blank=True, default="")
+    decided_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.decision} by {self.decided_by_id} on {self.request_id}"

@@ -182,6 +182,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "sweep": {"task": "tasks.sweep", "schedule": env.float("SWEEP_INTERVAL", default=5.0)},
+    "expire-approvals": {"task": "approvals.expire_pending", "schedule": 30.0},
     "reconcile": {
         "task": "ledger.reconcile_unknown",
         "schedule": env.float("RECONCILE_INTERVAL", default=10.0),

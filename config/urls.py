@@ -11,6 +11,7 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/", include("tasks.urls")),
+    path("api/", include("approvals.urls")),
     path("console/", include("console.urls")),
     path("sandbox/", include("sandbox.urls")),
 ]

@@ -18,10 +18,10 @@ import logging
 from django.db import transaction
 
 from ledger import connectors
-from tasks import chaos
 from ledger.connectors.base import OutcomeUnknown, Rejected
 from ledger.models import SENDABLE, Action, DispatchState
 from ledger.services import action_move
+from tasks import chaos
 
 log = logging.getLogger(__name__)
 

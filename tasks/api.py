@@ -7,7 +7,13 @@ from typing import Any
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+    inline_serializer,
+)
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.pagination import CursorPagination
@@ -15,6 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from approvals.models import ApprovalRequest, ApprovalStatus
 from audit.models import TransitionEvent
 from ledger.models import Action
 from tasks import checkpoints, registry, selectors, services
@@ -146,8 +153,20 @@ class TaskDetail(TaskSummary):
             "live": lease.expires_at > timezone.now(),
         }
 
-    def get_pending_approvals(self, task: Task) -> list[Any]:
-        return []  # approval requests arrive with the approvals app
+    def get_pending_approvals(self, task: Task) -> list[dict[str, Any]]:
+        pending = ApprovalRequest.objects.filter(task=task, status=ApprovalStatus.PENDING).order_by(
+            "created_at"
+        )
+        return [
+            {
+                "id": r.id,
+                "step": r.step,
+                "action_step": r.action_step,
+                "digest": r.digest,
+                "expires_at": r.expires_at,
+            }
+            for r in pending
+        ]
 
     def get_ledger(self, task: Task) -> dict[str, int]:
         return selectors.ledger_summary(task)
@@ -357,39 +376,45 @@ class _TaskHistoryApi(APIView):
         return pages.get_paginated_response(self.output(page, many=True).data)
 
 
-@extend_schema(
-    operation_id="tasks_events",
-    responses={200: EventOut(many=True), 400: OpenApiResponse(), 404: OpenApiResponse()},
-    parameters=[OpenApiParameter("cursor", str)],
+@extend_schema_view(
+    get=extend_schema(
+        operation_id="tasks_events",
+        responses={200: EventOut(many=True), 400: OpenApiResponse(), 404: OpenApiResponse()},
+        parameters=[OpenApiParameter("cursor", str)],
+    )
 )
 class TaskEventsApi(_TaskHistoryApi):
     pass
 
 
-@extend_schema(
-    operation_id="tasks_checkpoints",
-    responses={200: CheckpointOut(many=True), 400: OpenApiResponse(), 404: OpenApiResponse()},
-    parameters=[OpenApiParameter("cursor", str)],
+@extend_schema_view(
+    get=extend_schema(
+        operation_id="tasks_checkpoints",
+        responses={200: CheckpointOut(many=True), 400: OpenApiResponse(), 404: OpenApiResponse()},
+        parameters=[OpenApiParameter("cursor", str)],
+    )
 )
 class TaskCheckpointsApi(_TaskHistoryApi):
     model, output = Checkpoint, CheckpointOut
 
 
-@extend_schema(
-    operation_id="tasks_actions",
-    responses={200: ActionOut(many=True), 400: OpenApiResponse(), 404: OpenApiResponse()},
-    parameters=[OpenApiParameter("cursor", str)],
+@extend_schema_view(
+    get=extend_schema(
+        operation_id="tasks_actions",
+        responses={200: ActionOut(many=True), 400: OpenApiResponse(), 404: OpenApiResponse()},
+        parameters=[OpenApiParameter("cursor", str)],
+    )
 )
 class TaskActionsApi(_TaskHistoryApi):
     model, output, pages = Action, ActionOut, OldestFirst
 
 
 class TaskControlApi(APIView):
-    """POST /api/tasks/{id}/{cancel,quarantine,release,retry,escalate}/"""
+    """POST /api/tasks/{id}/{cancel,quarantine,release,retry,escalate,reconcile}/"""
 
     control = ""
 
-    class Input(serializers.Serializer):
+    class ControlInput(serializers.Serializer):
         expected_version = serializers.IntegerField(min_value=1, max_value=MAX_VERSION)
         reason = serializers.CharField(max_length=2000)
         scope = serializers.ChoiceField(choices=services.CANCEL_SCOPES, default="task")
@@ -399,15 +424,15 @@ class TaskControlApi(APIView):
             _no_nul(value, "reason")
             return value
 
-    class Output(serializers.Serializer):
+    class ControlOutput(serializers.Serializer):
         applied = serializers.BooleanField()
         note = serializers.CharField()
         task = TaskDetail()
 
     @extend_schema(
-        request=Input,
+        request=ControlInput,
         responses={
-            200: Output,
+            200: ControlOutput,
             400: OpenApiResponse(description="Field errors"),
             403: OpenApiResponse(description="Your roles do not allow this control"),
             404: OpenApiResponse(),
@@ -419,7 +444,7 @@ class TaskControlApi(APIView):
         roles = selectors.roles_in(request.user, task)
         if not roles & {Role.OPERATOR, Role.ADMIN}:
             raise PermissionDenied("Operator controls need the operator or admin role in this tenant.")
-        body = self.Input(data=request.data)
+        body = self.ControlInput(data=request.data)
         body.is_valid(raise_exception=True)
         result = services.task_control(
             task, self.control, user=request.user, roles=roles, **body.validated_data
@@ -435,7 +460,7 @@ class TaskControlApi(APIView):
 
 
 def control_view(name: str):
-    return extend_schema(operation_id=f"tasks_{name}")(
+    return extend_schema_view(post=extend_schema(operation_id=f"tasks_{name}"))(
         type(f"Task{name.title()}Api", (TaskControlApi,), {"control": name})
     ).as_view()
 
@@ -466,7 +491,7 @@ def _integrator(request: Request, task: Task) -> Actor:
 class TaskInputApi(APIView):
     """POST /api/tasks/{id}/input/ — answer a task waiting for input."""
 
-    class Input(serializers.Serializer):
+    class AnswerInput(serializers.Serializer):
         expected_version = serializers.IntegerField(min_value=1, max_value=MAX_VERSION)
         payload = serializers.JSONField(help_text='{"answer": <string, number or boolean>}')
 
@@ -487,7 +512,7 @@ class TaskInputApi(APIView):
 
     @extend_schema(
         operation_id="tasks_input",
-        request=Input,
+        request=AnswerInput,
         responses={
             200: DeliveryOut,
             400: OpenApiResponse(),
@@ -499,7 +524,7 @@ class TaskInputApi(APIView):
     def post(self, request: Request, task_id) -> Response:
         task = selectors.get_visible_task(request.user, task_id)
         actor = _integrator(request, task)
-        body = self.Input(data=request.data)
+        body = self.AnswerInput(data=request.data)
         body.is_valid(raise_exception=True)
         delivery = services.task_provide_input(
             task,
@@ -513,7 +538,7 @@ class TaskInputApi(APIView):
 class TaskExternalEventApi(APIView):
     """POST /api/tasks/{id}/external-events/ — deliver an event; ``event_key`` dedupes."""
 
-    class Input(serializers.Serializer):
+    class EventInput(serializers.Serializer):
         event_key = serializers.CharField(max_length=200)
         event_type = serializers.CharField(max_length=100)
         payload = serializers.JSONField(default=dict)
@@ -526,7 +551,7 @@ class TaskExternalEventApi(APIView):
 
     @extend_schema(
         operation_id="tasks_external_events",
-        request=Input,
+        request=EventInput,
         responses={
             200: DeliveryOut,
             400: OpenApiResponse(),
@@ -538,7 +563,7 @@ class TaskExternalEventApi(APIView):
     def post(self, request: Request, task_id) -> Response:
         task = selectors.get_visible_task(request.user, task_id)
         actor = _integrator(request, task)
-        body = self.Input(data=request.data)
+        body = self.EventInput(data=request.data)
         body.is_valid(raise_exception=True)
         delivery = services.task_deliver_event(task, actor=actor, **body.validated_data)
         return _delivery_response(request, delivery)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -22,6 +23,8 @@ class Decision:
     reason_code: str = ""
     changes: dict[str, Any] = field(default_factory=dict)
     actions: tuple[ActionIntent, ...] = ()  # intents committed with the transition (the outbox)
+    records: tuple[Any, ...] = ()  # other rows committed with it (an approval request)
+    also: tuple[Callable[[], None], ...] = ()  # further writes inside its transaction
 
 
 def quarantine(progress: Progress | None, code: str, reason: str) -> Decision:

@@ -13,6 +13,8 @@ from typing import Any
 
 from django.conf import settings
 
+from approvals import services as approvals
+from approvals.models import ApprovalStatus
 from ledger import dispatch, reconcile
 from ledger.models import IN_DOUBT, SENDABLE, SETTLED_FAILED, SETTLED_OK, Action
 from tasks import evidence, registry, validation
@@ -141,6 +143,8 @@ def _run_step(
                 reason=f"waiting for {step.event_type}",
                 changes={"wait_deadline": now + step.timeout},
             )
+        case registry.RequestApproval():
+            return _approval_gate(task, kind, step, progress, now)
         case registry.Dispatch():
             return _dispatch(task, kind, step, progress, facts)
         case registry.Complete():
@@ -168,6 +172,20 @@ def _dispatch(
     """
     if any(call.step == step.name for call in progress.tool_calls):
         return _advance_to(progress, step.next, task)  # done before a refresh or replan brought us back
+    if step.approval:
+        # The approved action runs only as approved: recheck the binding right before the intent.
+        approved = approvals.latest_request(task, step.approval)
+        if approved is None or approved.status != ApprovalStatus.APPROVED:
+            return _advance_to(progress, step.approval, task)
+        verdict, why = approvals.gate(task, kind, approved, progress)
+        if verdict != "proceed":
+            return Decision(
+                State.READY,
+                Trigger.STEP,
+                progress.model_copy(update={"step": step.approval}),
+                reason=why,
+                reason_code=f"approval_{verdict}",
+            )
     compensated = None
     if step.compensates:
         compensated = Action.objects.filter(task=task, step=step.compensates).order_by("-id").first()
@@ -266,3 +284,26 @@ def _confirm_cancel(task: Task, progress: Progress) -> Decision | None:
         reason_code=task.state_reason,
         changes={"outcome": {"canceled": task.state_reason, "effects_not_undone": not_undone}},
     )
+
+
+def _approval_gate(
+    task: Task, kind: registry.TaskType, step: registry.RequestApproval, progress: Progress, now: datetime
+) -> Decision:
+    """Go on under a still-valid approval; otherwise ask (again), or refresh the evidence first."""
+    request = approvals.latest_request(task, step.name)
+    if request is not None and request.status == ApprovalStatus.REJECTED:
+        return _advance_to(progress, step.on_rejected, task)
+    if request is not None and request.status == ApprovalStatus.APPROVED:
+        verdict, why = approvals.gate(task, kind, request, progress)
+        if verdict == "proceed":
+            return _advance_to(progress, step.next, task)
+        if verdict == "refresh":
+            return Decision(
+                State.READY,
+                Trigger.STEP,
+                progress.model_copy(update={"step": kind.replan_step}),
+                reason=why,
+                reason_code="approval_needs_fresh_evidence",
+            )
+        return approvals.request_decision(task, kind, step, progress, now=now, why=f"re-approval: {why}")
+    return approvals.request_decision(task, kind, step, progress, now=now)

@@ -32,6 +32,10 @@ class Step:
     name: str
     next: str = ""
 
+    def targets(self) -> set[str]:
+        """Names of the steps this one can lead to or refers to."""
+        return {self.next}
+
 
 @dataclass(frozen=True)
 class ReadEvidence(Step):
@@ -50,6 +54,9 @@ class ModelTurn(Step):
     instructions: str = ""
     output: str = ""
     routes: Mapping[str, str] = field(default_factory=dict)  # answer -> next step ("" = self.next)
+
+    def targets(self) -> set[str]:
+        return {self.next, *self.routes.values()}
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,24 @@ class AwaitExternal(Step):
 
 
 @dataclass(frozen=True)
+class RequestApproval(Step):
+    """Ask a person with ``approver_role`` to authorize the effect of ``action_step``.
+
+    The request is bound to a digest of that effect as the facts stand now.
+    Approval goes on to ``next``; rejection to ``on_rejected``.
+    """
+
+    action_step: str = ""
+    reason: str = ""
+    approver_role: str = "approver"
+    on_rejected: str = ""
+    timeout: timedelta = timedelta(days=1)
+
+    def targets(self) -> set[str]:
+        return {self.next, self.action_step, self.on_rejected}
+
+
+@dataclass(frozen=True)
 class Dispatch(Step):
     """Perform a side effect through the ledger: intent first, then one send per claim.
 
@@ -86,6 +111,10 @@ class Dispatch(Step):
     output: str = ""
     on_rejected: str = ""
     compensates: str = ""
+    approval: str = ""  # the RequestApproval step whose approval this effect needs
+
+    def targets(self) -> set[str]:
+        return {self.next, self.on_rejected, self.compensates, self.approval}
 
 
 @dataclass(frozen=True)
@@ -120,6 +149,10 @@ class TaskType:
     replan_step: str = ""
     # What an expired wait does: revalidate (and so ask again) or expire the task.
     on_wait_expiry: Literal["expire", "revalidate"] = "expire"
+    # Material facts of an approval: a change after the decision either voids it
+    # ("invalidate": ask again), needs fresh evidence first ("refresh"), or does
+    # not matter ("immaterial"). A policy version change always invalidates.
+    material_facts: Mapping[str, Literal["invalidate", "refresh", "immaterial"]] = field(default_factory=dict)
     # Derives the first facts from the accepted input (by default: its scalar fields).
     initial_facts: Callable[[Mapping[str, Any]], dict[str, Any]] = lambda accepted: {
         key: value for key, value in accepted.items() if isinstance(value, str | int | float | bool | None)
@@ -129,18 +162,7 @@ class TaskType:
         names = [step.name for step in self.steps]
         if len(names) != len(set(names)):
             raise ValueError(f"{self.name}: duplicate step names")
-        targets = {step.next for step in self.steps if step.next}
-        targets |= {
-            step.on_rejected for step in self.steps if isinstance(step, Dispatch) and step.on_rejected
-        }
-        targets |= {
-            step.compensates for step in self.steps if isinstance(step, Dispatch) and step.compensates
-        }
-        targets |= {
-            t for step in self.steps if isinstance(step, ModelTurn) for t in step.routes.values() if t
-        }
-        if self.replan_step:
-            targets.add(self.replan_step)
+        targets = set().union(*(step.targets() for step in self.steps), {self.replan_step}) - {""}
         unknown = targets - set(names)
         if unknown:
             raise ValueError(f"{self.name}: steps lead to unknown steps {sorted(unknown)}")
@@ -207,13 +229,14 @@ register(
         prompt_id="refund-triage@1",
         toolset_id="orders+payments@1",
         replan_step="gather_evidence",
+        material_facts={"order_total": "invalidate", "order_status": "refresh", "triage": "immaterial"},
         steps=(
             ReadEvidence(
                 "gather_evidence",
                 next="triage",
                 system="orders",
                 record_from="order_id",
-                facts={"status": "order_status", "total": "order_total"},
+                facts={"status": "order_status", "total": "order_total", "card": "refund_card"},
             ),
             ModelTurn(
                 "triage",
@@ -231,10 +254,17 @@ register(
             ),
             AwaitExternal(
                 "await_return",
-                next="open_ticket",
+                next="approve",
                 event_type="shipment.returned",
                 fact="return_tracking",
                 value="tracking_number",
+            ),
+            RequestApproval(
+                "approve",
+                next="open_ticket",
+                action_step="pay_refund",
+                on_rejected="approval_rejected",
+                reason="Refunds are paid only with an approver's consent (policy: refunds need four eyes).",
             ),
             Dispatch(
                 "open_ticket",
@@ -253,11 +283,13 @@ register(
                 connector="payments",
                 output="payment_ref",
                 on_rejected="close_ticket",
+                approval="approve",
                 effect=lambda f: {
                     "kind": "refund",
                     "order_id": f["order_id"],
                     "amount": f["amount"],
                     "currency": f["currency"],
+                    "card": f.get("refund_card"),
                 },
             ),
             Dispatch(
@@ -289,6 +321,7 @@ register(
             ),
             Fail("refund_declined", reason="refund_rejected_by_payments"),
             Fail("manual_review", reason="refund_needs_manual_review"),
+            Fail("approval_rejected", reason="refund_rejected_by_approver"),
         ),
     )
 )
@@ -335,8 +368,12 @@ register(
                 next="done",
                 connector="payments",
                 output="payment_ref",
-                effect=lambda f: {"kind": "charge", "invoice": f["invoice_id"], "amount": f["amount"],
-                                  "currency": f["currency"]},
+                effect=lambda f: {
+                    "kind": "charge",
+                    "invoice": f["invoice_id"],
+                    "amount": f["amount"],
+                    "currency": f["currency"],
+                },
             ),
             Complete("done", outcome=("invoice_id", "amount", "payment_ref")),
         ),

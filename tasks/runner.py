@@ -60,6 +60,8 @@ def run_task(
                 reason_code=decision.reason_code,
                 progress=decision.progress,
                 actions=decision.actions,
+                records=decision.records,
+                also=decision.also,
                 lease=lease,
                 **decision.changes,
             )

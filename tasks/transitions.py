@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -247,6 +247,7 @@ def advance(
     actions: Iterable[ActionIntent] = (),
     lease: Held | None = None,
     records: Iterable[models.Model] = (),
+    also: Iterable[Callable[[], None]] = (),
     **changes: Any,
 ) -> Task:
     """Move a task from its current state to ``to_state`` at ``expected_version``.
@@ -258,7 +259,9 @@ def advance(
     new version, and each of ``actions`` an intended ledger row.
 
     ``records`` are other rows that must commit with this transition or not at
-    all (an input answer, an external event, an approval decision).
+    all (an input answer, an external event, an approval decision); ``also``
+    are further writes run inside the same transaction (a guarded status
+    change, a permission grant) — any of them raising aborts the whole.
 
     A worker passes the ``lease`` it holds: the write then also requires that
     lease to be live with the same fencing token.
@@ -345,6 +348,8 @@ def advance(
                 raise StaleVersion(f"task moved on from version {expected_version}", **current)
             checkpoint = _checkpoint_for(task, progress, rows, traceparent) if progress is not None else None
             _write_history(event, checkpoint, rows, records)
+            for write in also:
+                write()
         span.set_attribute("task.state_version", task.state_version)
     log.info(
         "task advanced",

@@ -1,6 +1,7 @@
 from django.contrib import admin
 
 from tenancy.models import Membership, Tenant
+from tenancy.services import grant_role, revoke_role
 
 
 @admin.register(Tenant)
@@ -12,3 +13,9 @@ class TenantAdmin(admin.ModelAdmin):
 class MembershipAdmin(admin.ModelAdmin):
     list_display = ("user", "tenant", "role")
     list_filter = ("tenant", "role")
+
+    def save_model(self, request, obj, form, change):
+        grant_role(obj.user, obj.tenant, obj.role)  # also joins the role's group
+
+    def delete_model(self, request, obj):
+        revoke_role(obj.user, obj.tenant, obj.role)

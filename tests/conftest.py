@@ -14,7 +14,8 @@ from config.celery import app as celery_app
 from tasks import checkpoints
 from tasks.services import task_create
 from tasks.transitions import Actor
-from tenancy.models import Membership, Role, Tenant
+from tenancy.models import Role, Tenant
+from tenancy.services import grant_role
 
 # In-process tests ring the doorbell into memory; tests that need real workers start them.
 celery_app.conf.broker_url = "memory://"
@@ -38,7 +39,7 @@ def globex(db):
 def make_user(username: str, tenant: Tenant | None = None, *roles: str):
     user = get_user_model().objects.create_user(username=username, password="pw")
     for role in roles:
-        Membership.objects.create(user=user, tenant=tenant, role=role)
+        grant_role(user, tenant, role)
     return user
 
 

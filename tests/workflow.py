@@ -18,12 +18,16 @@ from tasks.models import Task
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def put_order(order_id: str, *, status: str = "delivered", total: str = "100.00") -> Record:
+def put_order(
+    order_id: str, *, status: str = "delivered", total: str = "100.00", card: str = "visa-4242"
+) -> Record:
+    """Create or replace an order in the sandbox's order system (a replacement bumps its version)."""
+    data = {"status": status, "total": total, "card": card}
     record, created = Record.objects.get_or_create(
-        system="orders", record_id=order_id, defaults={"data": {"status": status, "total": total}}
+        system="orders", record_id=order_id, defaults={"data": data}
     )
     if not created:
-        record.data = {"status": status, "total": total}
+        record.data = data
         record.version += 1
         record.save()
     return record
@@ -110,3 +114,12 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+def approve(task: Task, approver, decision: str = "approve"):
+    """Decide the task's pending approval request as ``approver`` would in the console."""
+    from approvals.models import ApprovalRequest
+    from approvals.services import approval_decide
+
+    request = ApprovalRequest.objects.filter(task=task, status="pending").latest("created_at")
+    return approval_decide(request, user=approver, decision=decision, digest_seen=request.digest)

@@ -17,6 +17,7 @@ import time
 import pytest
 from django.utils import timezone
 
+from approvals.models import ApprovalRequest
 from audit.chain import verify_task
 from audit.models import TransitionEvent
 from sandbox.models import Effect, Fault
@@ -25,7 +26,7 @@ from tasks.models import Lease, Task
 from tasks.states import ActorKind, State
 from tasks.transitions import Actor
 from tests.conftest import make_task
-from tests.workflow import ROOT, database_url, put_order, state_of, wait_for
+from tests.workflow import ROOT, approve, database_url, put_order, state_of, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 INTEGRATOR = Actor(ActorKind.INTEGRATOR, "tests")
@@ -113,7 +114,7 @@ def test_killed_after_entering_waiting_input_the_task_waits_and_resumes_on_the_a
     assert_history_is_whole(task)
 
 
-def test_killed_after_entering_waiting_external_the_event_completes_the_task(acme, workers):
+def test_killed_at_every_boundary_up_to_the_approval_the_refund_completes_once(acme, approver, workers):
     put_order("A-1")
     task = make_task(acme)
     first = workers(pause_after="waiting_input")
@@ -136,6 +137,20 @@ def test_killed_after_entering_waiting_external_the_event_completes_the_task(acm
         actor=INTEGRATOR,
     )
     assert delivery.applied
+
+    third = workers(pause_after="step:approve")  # the checkpoint before requesting approval
+    third.wait_paused()
+    third.kill()
+    assert state_of(task)[0] == State.READY
+    assert not ApprovalRequest.objects.filter(task=task).exists()
+
+    fourth = workers(pause_after="waiting_approval")
+    fourth.wait_paused()
+    fourth.kill()
+    assert state_of(task)[0] == State.WAITING_APPROVAL
+    assert ApprovalRequest.objects.filter(task=task).count() == 1  # asked once, despite the kill before
+    approve(Task.objects.get(pk=task.pk), approver)
+
     workers()
     wait_for(lambda: state_of(task)[0] == State.COMPLETED, what="completion")
     stored = Task.objects.get(pk=task.pk)

@@ -19,7 +19,7 @@ from tasks.models import Task
 from tasks.states import ActorKind, State
 from tasks.transitions import Actor
 from tests.conftest import make_task
-from tests.workflow import put_order
+from tests.workflow import approve, put_order
 
 pytestmark = pytest.mark.django_db(transaction=True)
 INVOICE = {"invoice_id": "INV-1", "amount": "25.00", "currency": "EUR"}
@@ -144,7 +144,7 @@ def test_an_operator_reconciles_on_demand_over_the_api(acme, operator):
     assert body["task"]["state"] == State.READY
 
 
-def test_a_rejected_refund_is_compensated_by_a_new_action_of_its_own(acme):
+def test_a_rejected_refund_is_compensated_by_a_new_action_of_its_own(acme, approver):
     put_order("A-1")
     task = run(make_task(acme))
     services.task_provide_input(
@@ -159,6 +159,8 @@ def test_a_rejected_refund_is_compensated_by_a_new_action_of_its_own(acme):
         payload={"tracking_number": "T-1"},
         actor=Actor(ActorKind.INTEGRATOR, "t"),
     )
+    task = run(Task.objects.get(pk=task.pk))
+    approve(task, approver)
     task = run(Task.objects.get(pk=task.pk))
 
     assert (task.state, task.state_reason) == (State.FAILED, "refund_rejected_by_payments")

@@ -18,7 +18,7 @@ from tasks.states import ActorKind, State
 from tasks.transitions import Actor
 from tenancy.models import Membership
 from tests.conftest import make_task
-from tests.workflow import put_order
+from tests.workflow import approve, put_order
 
 pytestmark = pytest.mark.django_db(transaction=True)
 INTEGRATOR = Actor(ActorKind.INTEGRATOR, "tests")
@@ -84,7 +84,7 @@ def test_the_same_answer_posted_twice_applies_once(acme):
     assert Task.objects.get(pk=task.pk).state_version == version + 1
 
 
-def test_a_duplicate_external_event_applies_once(acme):
+def test_a_duplicate_external_event_applies_once(acme, approver):
     task = run(answer(waiting_for_input(acme)))
     assert task.state == State.WAITING_EXTERNAL
     deliveries = [
@@ -101,6 +101,9 @@ def test_a_duplicate_external_event_applies_once(acme):
     assert ExternalEvent.objects.filter(task=task).count() == 1
     assert TransitionEvent.objects.filter(task=task, trigger="external_event").count() == 1
     task = run(Task.objects.get(pk=task.pk))
+    assert task.state == State.WAITING_APPROVAL
+    approve(task, approver)
+    task = run(Task.objects.get(pk=task.pk))
     assert task.state == State.COMPLETED and task.outcome["return_tracking"] == "TRK-1"
 
 
@@ -115,8 +118,9 @@ def test_an_event_that_arrives_early_is_kept_and_applied_when_the_task_waits_for
     )
     assert early.applied and "stored" in early.note
     task = run(answer(Task.objects.get(pk=task.pk)))
-    assert task.state == State.COMPLETED  # never entered waiting_external
-    assert task.outcome["return_tracking"] == "EARLY"
+    assert task.state == State.WAITING_APPROVAL  # went straight past waiting_external
+    assert TransitionEvent.objects.filter(task=task, trigger="await_external").count() == 0
+    assert services.latest_checkpoint(task).facts["return_tracking"] == "EARLY"
 
 
 def test_a_wait_past_its_deadline_expires_through_the_sweep(acme):

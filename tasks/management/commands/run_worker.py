@@ -16,6 +16,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from approvals import services as approvals
 from ledger import reconcile
 from tasks import runner, sweep
 from tasks.workers import worker_id
@@ -53,6 +54,7 @@ class Command(BaseCommand):
             if with_sweep:
                 sweep.sweep(lambda task_id, task_region: None)  # this loop polls; no doorbell needed
                 reconcile.reconcile_unknown()
+                approvals.expire_pending()
             ran = runner.run_available(worker_id=me, region=region, limit=batch, ttl=ttl)
             if once or (max_seconds and time.monotonic() - started > max_seconds):
                 break

@@ -23,7 +23,8 @@ from tasks.models import Policy, RuntimeConfig
 from tasks.services import task_create
 from tasks.states import ActorKind, State, Trigger
 from tasks.transitions import Actor, advance
-from tenancy.models import Membership, Role, Tenant
+from tenancy.models import Role, Tenant
+from tenancy.services import grant_role
 
 TENANTS = {"acme": "Acme Corporation", "globex": "Globex Inc."}
 USERS = {
@@ -63,7 +64,7 @@ class Command(BaseCommand):
                     user.set_password(password)
                     user.save(update_fields=["password"])
                 for role in roles:
-                    Membership.objects.get_or_create(user=user, tenant=tenant, role=role)
+                    grant_role(user, tenant, role)
             self._tasks(tenant, User.objects.get(username=f"{slug}-operator"))
         self.stdout.write(
             self.style.SUCCESS(f"Demo ready: users <tenant>-operator etc., password {password!r}")

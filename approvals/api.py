@@ -1,0 +1,167 @@
+"""REST endpoints for approvals: the inbox and deciding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from approvals import selectors, services
+from approvals.models import ApprovalRequest, ApprovalStatus, Decision
+from tasks.api import OldestFirst
+
+
+class ApprovalOut(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    task_type = serializers.CharField(source="task.task_type", read_only=True)
+    task_state = serializers.CharField(source="task.state", read_only=True)
+    live = serializers.SerializerMethodField()
+    decision = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ApprovalRequest
+        fields = [
+            "id",
+            "tenant",
+            "task",
+            "task_type",
+            "task_state",
+            "step",
+            "action_step",
+            "waiting_version",
+            "consequential",
+            "digest",
+            "material",
+            "evidence",
+            "policy_reason",
+            "policy_version",
+            "approver_role",
+            "requested_by",
+            "allowed_decisions",
+            "expires_at",
+            "status",
+            "live",
+            "created_at",
+            "decided_at",
+            "decision",
+        ]
+        read_only_fields = fields
+
+    def get_live(self, request: ApprovalRequest) -> bool:
+        return selectors.is_live(request)
+
+    def get_decision(self, request: ApprovalRequest) -> dict[str, Any] | None:
+        made = getattr(request, "decision", None)
+        if made is None:
+            return None
+        return {
+            "decision": made.decision,
+            "by": made.decided_by.get_username(),
+            "comment": made.comment,
+            "at": made.decided_at,
+        }
+
+
+def refused(exc: services.ApprovalRefused) -> Response:
+    body: dict[str, Any] = {"detail": str(exc), "code": exc.code}
+    if exc.request is not None:
+        exc.request.refresh_from_db()
+        body.update(
+            status=exc.request.status,
+            task_state=exc.request.task.state,
+            state_version=exc.request.task.state_version,
+        )
+    return Response(body, status=exc.status)
+
+
+class ApprovalListApi(APIView):
+    @extend_schema(
+        operation_id="approvals_list",
+        parameters=[
+            OpenApiParameter("status", str, enum=ApprovalStatus.values),
+            OpenApiParameter("task_type", str),
+            OpenApiParameter("tenant", str),
+            OpenApiParameter("cursor", str),
+        ],
+        responses={200: ApprovalOut(many=True), 400: OpenApiResponse()},
+    )
+    def get(self, request: Request) -> Response:
+        """``?status=pending`` is the caller's inbox: what they may decide now."""
+        if request.query_params.get("status") == ApprovalStatus.PENDING:
+            base = selectors.inbox(request.user)
+        else:
+            base = selectors.visible_requests(request.user).select_related("task", "tenant")
+        filters = selectors.ApprovalFilter(request.query_params, queryset=base)
+        if not filters.is_valid():
+            raise ValidationError(filters.errors)
+        pages = OldestFirst()
+        page = pages.paginate_queryset(filters.qs, request, view=self)
+        return pages.get_paginated_response(ApprovalOut(page, many=True).data)
+
+
+class ApprovalDetailApi(APIView):
+    @extend_schema(operation_id="approvals_retrieve", responses={200: ApprovalOut, 404: OpenApiResponse()})
+    def get(self, request: Request, request_id) -> Response:
+        return Response(ApprovalOut(selectors.get_visible_request(request.user, request_id)).data)
+
+
+class ApprovalDecideApi(APIView):
+    """POST /api/approvals/{id}/decide/
+
+    200: decided now (``applied: true``), or the same decision was already
+    taken (``applied: false``). 409: decided otherwise already, digest differs,
+    or the task no longer waits. 410: expired. 403: no authority or
+    self-approval. 404: not in your tenants.
+    """
+
+    class DecideInput(serializers.Serializer):
+        decision = serializers.ChoiceField(choices=Decision.choices)
+        digest = serializers.RegexField(r"^[0-9a-f]{64}$", help_text="The digest shown with the request")
+        comment = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+        def validate_comment(self, value: str) -> str:
+            if "\x00" in value:
+                raise serializers.ValidationError("NUL characters are not allowed.")
+            return value
+
+    class DecideOutput(serializers.Serializer):
+        applied = serializers.BooleanField()
+        note = serializers.CharField()
+        request = ApprovalOut()
+
+    @extend_schema(
+        operation_id="approvals_decide",
+        request=DecideInput,
+        responses={
+            200: DecideOutput,
+            400: OpenApiResponse(),
+            403: OpenApiResponse(),
+            404: OpenApiResponse(),
+            409: OpenApiResponse(description="Decided otherwise, digest differs, or task moved on"),
+            410: OpenApiResponse(description="Expired"),
+        },
+    )
+    def post(self, request: Request, request_id) -> Response:
+        approval = selectors.get_visible_request(request.user, request_id)
+        body = self.DecideInput(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        try:
+            decided = services.approval_decide(
+                approval,
+                user=request.user,
+                decision=data["decision"],
+                digest_seen=data["digest"],
+                comment=data["comment"],
+            )
+        except services.ApprovalRefused as exc:
+            return refused(exc)
+        fresh = selectors.get_visible_request(request.user, request_id)
+        return Response(
+            {"applied": decided.applied, "note": decided.note, "request": ApprovalOut(fresh).data}
+        )

@@ -1,0 +1,290 @@
+"""Approvals: asking, deciding, and checking an approval still holds before acting on it.
+
+- ``request_decision`` — what the engine commits to ask: the request row,
+  the wait, and the object permission for the tenant's approvers, in one
+  transaction (so a task never waits for a request that does not exist).
+- ``approval_decide`` — a person decides, with every authority check, as one
+  optimistic transition of the task.
+- ``gate`` — before the approved action runs: recompute the digest from the
+  current action and compare the material facts with those approved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import IntegrityError
+from django.utils import timezone
+from guardian.shortcuts import assign_perm
+
+from approvals.digest import digest
+from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Decision
+from tasks import doorbell, registry
+from tasks import services as task_services
+from tasks.checkpoints import ApprovalRef, Progress
+from tasks.decisions import Decision as StepDecision
+from tasks.exceptions import StaleVersion
+from tasks.models import Task
+from tasks.states import ActorKind, State, Trigger
+from tasks.transitions import Actor, advance
+from tenancy.selectors import has_role
+from tenancy.services import role_group
+
+DECIDE = "approvals.decide_approvalrequest"
+
+
+class ApprovalRefused(Exception):
+    """A decision that cannot be taken; ``status`` is the HTTP answer that fits."""
+
+    def __init__(self, message: str, *, code: str, status: int, request: ApprovalRequest | None = None):
+        super().__init__(message)
+        self.code, self.status, self.request = code, status, request
+
+
+def consequential_fields(step: registry.Dispatch, facts: dict[str, Any]) -> dict[str, Any]:
+    """What an approval of ``step`` authorizes: where the effect goes and exactly what it is."""
+    return {"step": step.name, "connector": step.connector, "effect": step.effect(facts)}
+
+
+def material_snapshot(task: Task, kind: registry.TaskType, facts: dict[str, Any]) -> dict[str, Any]:
+    return {**{name: facts.get(name) for name in kind.material_facts}, "policy_version": task.policy_version}
+
+
+def request_decision(
+    task: Task,
+    kind: registry.TaskType,
+    step: registry.RequestApproval,
+    progress: Progress,
+    *,
+    now: datetime,
+    why: str = "",
+) -> StepDecision:
+    """Ask for approval: enter ``waiting_approval`` with the request committed in the same transaction."""
+    action = kind.step(step.action_step)
+    facts = dict(progress.facts)
+    fields = consequential_fields(action, facts)
+    request = ApprovalRequest(
+        task=task,
+        tenant_id=task.tenant_id,
+        step=step.name,
+        action_step=action.name,
+        waiting_version=task.state_version + 1,
+        consequential=fields,
+        digest=digest(fields),
+        material=material_snapshot(task, kind, facts),
+        evidence=[ref.model_dump(mode="json") for ref in progress.evidence],
+        policy_reason=step.reason,
+        policy_version=task.policy_version,
+        approver_role=step.approver_role,
+        requested_by=f"user:{task.owner.get_username()}" if task.owner_id else f"task:{task.id}",
+        allowed_decisions=[Decision.APPROVE, Decision.REJECT],
+        expires_at=now + step.timeout,
+        created_at=now,
+    )
+    approvers = role_group(task.tenant, step.approver_role)
+    waiting = progress.model_copy(
+        update={
+            "step": step.name,
+            "approvals": [
+                *progress.approvals,
+                ApprovalRef(request_id=str(request.id), digest=request.digest, status=ApprovalStatus.PENDING),
+            ],
+        }
+    )
+    return StepDecision(
+        State.WAITING_APPROVAL,
+        Trigger.REQUEST_APPROVAL,
+        waiting,
+        reason=why or step.reason,
+        reason_code="approval_requested",
+        changes={"wait_deadline": request.expires_at},
+        records=(request,),
+        also=(lambda: assign_perm(DECIDE, approvers, request),),
+    )
+
+
+def latest_request(task: Task, step_name: str) -> ApprovalRequest | None:
+    return ApprovalRequest.objects.filter(task=task, step=step_name).order_by("-created_at").first()
+
+
+def gate(
+    task: Task, kind: registry.TaskType, request: ApprovalRequest, progress: Progress
+) -> tuple[str, str]:
+    """Does an approval still cover the action as it stands now?
+
+    Returns ``("proceed", "")``, ``("reapprove", why)`` — the action or an
+    invalidating fact changed, or the policy did — or ``("refresh", why)`` — a
+    fact that needs fresh evidence changed and no evidence was read since the
+    decision.
+    """
+    facts = dict(progress.facts)
+    current = material_snapshot(task, kind, facts)
+    rules = {**kind.material_facts, "policy_version": "invalidate"}
+    stale = []
+    for name, rule in rules.items():
+        before, now = request.material.get(name), current.get(name)
+        if before == now or rule == "immaterial":
+            continue
+        if rule == "invalidate":
+            return "reapprove", f"{name} changed since the approval: {before!r} -> {now!r}"
+        stale.append(f"{name}: {before!r} -> {now!r}")
+    fields = consequential_fields(kind.step(request.action_step), facts)
+    if digest(fields) != request.digest:
+        return "reapprove", "the action changed since it was approved"
+    fresh = request.decided_at and any(ref.fetched_at > request.decided_at for ref in progress.evidence)
+    if stale and not fresh:
+        return "refresh", "needs fresh evidence: " + ", ".join(stale)
+    return "proceed", ""
+
+
+@dataclass(frozen=True)
+class Decided:
+    request: ApprovalRequest
+    task: Task
+    applied: bool  # False: this decision had already been taken; nothing was applied again
+    note: str = ""
+
+
+def _may_decide(user: Any, request: ApprovalRequest) -> None:
+    if not has_role(user, request.tenant_id, request.approver_role):
+        raise ApprovalRefused(
+            f"Deciding needs the {request.approver_role} role in this tenant.",
+            code="not_an_approver",
+            status=403,
+            request=request,
+        )
+    if not user.has_perm(DECIDE, request):
+        raise ApprovalRefused(
+            "You have no permission to decide this request.",
+            code="no_permission",
+            status=403,
+            request=request,
+        )
+    if request.requested_by == f"user:{user.get_username()}":
+        raise ApprovalRefused(
+            "You asked for this action; someone else must approve it (separation of duties).",
+            code="self_approval",
+            status=403,
+            request=request,
+        )
+
+
+def _already(request: ApprovalRequest, decision: str) -> Decided:
+    """A decision for a request that is no longer pending: the same one is acknowledged, another refused."""
+    made = ApprovalDecision.objects.filter(request=request).first()
+    if made is not None and made.decision == decision:
+        return Decided(request, request.task, applied=False, note=f"already {request.status}")
+    raise ApprovalRefused(
+        f"This request was already {request.status}.", code="already_decided", status=409, request=request
+    )
+
+
+def approval_decide(
+    request: ApprovalRequest, *, user: Any, decision: str, digest_seen: str, comment: str = ""
+) -> Decided:
+    """Decide a pending, unexpired request whose digest the approver saw.
+
+    Refuses (``ApprovalRefused``): 403 without the role, the object permission,
+    or when deciding one's own request; 400 for a decision not allowed; 410
+    once expired; 409 when already decided otherwise, when the digest differs
+    (the request changed since it was shown), or when the task no longer waits
+    for this request. The same decision repeated is acknowledged with
+    ``applied=False``.
+    """
+    _may_decide(user, request)
+    if decision not in request.allowed_decisions:
+        raise ApprovalRefused(
+            f"{decision!r} is not one of {request.allowed_decisions}.",
+            code="bad_decision",
+            status=400,
+            request=request,
+        )
+    if request.status != ApprovalStatus.PENDING:
+        return _already(request, decision)
+    now = timezone.now()
+    if now >= request.expires_at:
+        raise ApprovalRefused(
+            f"This request expired at {request.expires_at:%Y-%m-%d %H:%M} UTC.",
+            code="expired",
+            status=410,
+            request=request,
+        )
+    if digest_seen != request.digest:
+        raise ApprovalRefused(
+            "What you saw is not what this request authorizes (digest differs): reload it.",
+            code="digest_mismatch",
+            status=409,
+            request=request,
+        )
+    task = request.task
+    if (task.state, task.state_version) != (State.WAITING_APPROVAL, request.waiting_version):
+        raise ApprovalRefused(
+            f"The task no longer waits for this request (it is {task.state}).",
+            code="not_waiting",
+            status=409,
+            request=request,
+        )
+    step = registry.get(task.task_type).step(request.step)
+    status = ApprovalStatus.APPROVED if decision == Decision.APPROVE else ApprovalStatus.REJECTED
+    point = task_services.latest_checkpoint(task)
+    approvals = [
+        ref if ref.request_id != str(request.id) else ref.model_copy(update={"status": status})
+        for ref in point.approvals
+    ]
+    progress = point.progress.model_copy(
+        update={
+            "step": step.next if status == ApprovalStatus.APPROVED else step.on_rejected,
+            "approvals": approvals,
+        }
+    )
+    row = ApprovalDecision(
+        request=request,
+        decision=decision,
+        decided_by=user,
+        digest_seen=digest_seen,
+        comment=comment,
+        decided_at=now,
+    )
+
+    def settle_request() -> None:
+        if not ApprovalRequest.objects.filter(pk=request.pk, status=ApprovalStatus.PENDING).update(
+            status=status, decided_at=now
+        ):
+            raise StaleVersion("the request was decided meanwhile")
+
+    try:
+        task = advance(
+            task.id,
+            request.waiting_version,
+            State.RESUME_VALIDATION,
+            actor=Actor.user(user, ActorKind.APPROVER),
+            trigger=Trigger.APPROVAL_DECIDED,
+            reason=comment or f"{decision}d",
+            reason_code=f"approval_{status}",
+            progress=progress,
+            records=[row],
+            also=[settle_request],
+        )
+    except (StaleVersion, IntegrityError):
+        # Someone decided first (or the task moved): report what holds now, apply nothing.
+        request.refresh_from_db()
+        if request.status == ApprovalStatus.PENDING:
+            raise ApprovalRefused(
+                "The task moved on while you decided; reload it.",
+                code="not_waiting",
+                status=409,
+                request=request,
+            ) from None
+        return _already(request, decision)
+    doorbell.ring(task.id, task.region)
+    request.refresh_from_db()
+    return Decided(request, task, applied=True)
+
+
+def expire_pending(*, now: datetime | None = None) -> int:
+    """Mark requests past ``expires_at`` expired (their tasks' waits end through the sweep)."""
+    return ApprovalRequest.objects.filter(
+        status=ApprovalStatus.PENDING, expires_at__lte=now or timezone.now()
+    ).update(status=ApprovalStatus.EXPIRED)
