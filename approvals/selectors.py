@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import django_filters
 from django.db.models import F
@@ -11,6 +12,7 @@ from django.utils import timezone
 from guardian.shortcuts import get_objects_for_user
 
 from approvals.models import ApprovalRequest, ApprovalStatus
+from config.external import connector_url
 from tasks.states import State
 from tenancy.selectors import tenant_ids_for
 
@@ -49,6 +51,11 @@ def is_live(request: ApprovalRequest) -> bool:
         and request.task.state == State.WAITING_APPROVAL
         and request.task.state_version == request.waiting_version
     )
+
+
+def evidence_url(ref: dict[str, Any]) -> str:
+    """Where an approver can open the record an evidence reference points to."""
+    return f"{connector_url(ref.get('system', ''))}/records/{quote(str(ref.get('record_id', '')), safe='')}"
 
 
 def inbox(user: Any):

@@ -283,6 +283,16 @@ def approval_decide(
     return Decided(request, task, applied=True)
 
 
+def changed_since_requested(request: ApprovalRequest) -> bool:
+    """Would the action, built from the task's facts as they stand, differ from what was asked?"""
+    try:
+        facts = dict(task_services.latest_checkpoint(request.task).facts)
+        action = registry.get(request.task.task_type).step(request.action_step)
+        return digest(consequential_fields(action, facts)) != request.digest
+    except Exception:  # an unreadable checkpoint or a vanished step: certainly not what was asked
+        return True
+
+
 def expire_pending(*, now: datetime | None = None) -> int:
     """Mark requests past ``expires_at`` expired (their tasks' waits end through the sweep)."""
     return ApprovalRequest.objects.filter(

@@ -16,3 +16,9 @@ class ControlForm(forms.Form):
     escalate_to = forms.ChoiceField(
         choices=[(r, r) for r in services.ESCALATION_ROLES], initial="admin", required=False
     )
+
+
+class DecisionForm(forms.Form):
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
+    digest = forms.RegexField(regex=r"^[0-9a-f]{64}$", widget=forms.HiddenInput)
+    comment = forms.CharField(max_length=2000, required=False, widget=forms.Textarea(attrs={"rows": 2}))

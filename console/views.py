@@ -12,9 +12,12 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from approvals import selectors as approval_selectors
+from approvals import services as approval_services
+from approvals.selectors import ApprovalFilter
 from audit.models import TransitionEvent
 from console.access import can_operate, get_task_for_user
-from console.forms import ControlForm
+from console.forms import ControlForm, DecisionForm
 from tasks import selectors, services
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.leases import live_lease_exists
@@ -108,3 +111,57 @@ def task_control(request, task_id, control):
         else:
             messages.info(request, f"Nothing changed: the task is {result.task.state}.{note}")
     return redirect("console:task", task_id=task.id)
+
+
+@login_required
+def approval_inbox(request):
+    filters = ApprovalFilter(request.GET or None, queryset=approval_selectors.inbox(request.user))
+    pending = (
+        filters.qs if filters.is_bound and filters.is_valid() else approval_selectors.inbox(request.user)
+    )
+    return render(
+        request,
+        "console/approvals.html",
+        {"filters": filters, "requests": pending[:200], "now": timezone.now()},
+    )
+
+
+@login_required
+def approval_detail(request, request_id):
+    approval = approval_selectors.get_visible_request(request.user, request_id)
+    context = {
+        "approval": approval,
+        "live": approval_selectors.is_live(approval),
+        "expired": timezone.now() >= approval.expires_at,
+        "changed": approval_services.changed_since_requested(approval),
+        "evidence": [{**ref, "url": approval_selectors.evidence_url(ref)} for ref in approval.evidence],
+        "can_decide": approval_selectors.inbox(request.user).filter(pk=approval.pk).exists(),
+    }
+    return render(request, "console/approval_detail.html", context)
+
+
+@login_required
+@require_POST
+def approval_decide(request, request_id):
+    approval = approval_selectors.get_visible_request(request.user, request_id)
+    form = DecisionForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose approve or reject; the digest you saw is required.")
+        return redirect("console:approval", request_id=approval.pk)
+    try:
+        decided = approval_services.approval_decide(
+            approval,
+            user=request.user,
+            decision=form.cleaned_data["decision"],
+            digest_seen=form.cleaned_data["digest"],
+            comment=form.cleaned_data["comment"],
+        )
+    except approval_services.ApprovalRefused as exc:
+        messages.error(request, str(exc))
+        return redirect("console:approval", request_id=approval.pk)
+    verb = "Approved" if decided.request.status == "approved" else "Rejected"
+    if decided.applied:
+        messages.success(request, f"{verb}. The task moved on to {decided.task.state}.")
+    else:
+        messages.info(request, f"Nothing changed: this request was {decided.note}.")
+    return redirect("console:task", task_id=approval.task_id)

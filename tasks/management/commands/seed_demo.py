@@ -17,12 +17,15 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
+from approvals import services as approvals
+from ledger.models import Action, DispatchState
+from ledger.services import action_move
 from sandbox.models import Record
-from tasks import checkpoints, registry
+from tasks import checkpoints, registry, services
 from tasks.models import Policy, RuntimeConfig
 from tasks.services import task_create
 from tasks.states import ActorKind, State, Trigger
-from tasks.transitions import Actor, advance
+from tasks.transitions import ActionIntent, Actor, advance
 from tenancy.models import Role, Tenant
 from tenancy.services import grant_role
 
@@ -70,6 +73,37 @@ class Command(BaseCommand):
             self.style.SUCCESS(f"Demo ready: users <tenant>-operator etc., password {password!r}")
         )
 
+    def _lost_answer(self, task, worker) -> None:
+        """A payment in doubt: intended, sent, no answer. The reconciler will ask the payments system."""
+        step = registry.get(task.task_type).step("pay")
+        progress = services.latest_checkpoint(task).progress
+        intent = ActionIntent(step="pay", connector="payments", effect=step.effect(task_facts(task)))
+        task = advance(
+            task.id,
+            task.state_version,
+            State.READY,
+            actor=worker,
+            trigger=Trigger.STEP,
+            progress=progress,
+            actions=[intent],
+            reason="intends payments: charge",
+        )
+        action = Action.objects.get(task=task)
+        action_move(action.pk, DispatchState.INTENDED, DispatchState.DISPATCHING)
+        action_move(
+            action.pk, DispatchState.DISPATCHING, DispatchState.UNKNOWN, last_error="payments: no answer"
+        )
+        advance(
+            task.id,
+            task.state_version,
+            State.OUTCOME_UNKNOWN,
+            actor=worker,
+            trigger=Trigger.DISPATCH_UNKNOWN,
+            progress=progress,
+            reason="payments did not answer",
+            reason_code="dispatch_unknown",
+        )
+
     def _tasks(self, tenant: Tenant, operator) -> None:
         worker = Actor.worker("seed-demo")
         now = timezone.now()
@@ -94,6 +128,7 @@ class Command(BaseCommand):
             order_facts = {
                 "order_status": "delivered",
                 "order_total": ORDERS[order]["total"],
+                "refund_card": ORDERS[order]["card"],
                 "triage": "refund",
             }
             return checkpoints.Progress(step="", facts={**order_facts, **facts}, evidence=evidence)
@@ -171,15 +206,56 @@ class Command(BaseCommand):
                 reason_code="quarantine",
             )
         start("lookup", "order_lookup", "Look up order A-107", {"order_id": "A-107"})
+        if task := start(
+            "approval",
+            "refund_request",
+            "Refund order A-102: approve the payment",
+            _refund("A-102", "420.00"),
+        ):
+            progress = read("A-102", damaged_item="vase", return_tracking="TRK-A102")
+            progress = progress.model_copy(
+                update={"step": "approve", "facts": {**task_facts(task), **progress.facts}}
+            )
+            task = advance(
+                task.id,
+                task.state_version,
+                State.READY,
+                actor=worker,
+                trigger=Trigger.STEP,
+                progress=progress,
+            )
+            kind = registry.get(task.task_type)
+            ask = approvals.request_decision(task, kind, kind.step("approve"), progress, now=now)
+            advance(
+                task.id,
+                task.state_version,
+                ask.to_state,
+                actor=worker,
+                trigger=ask.trigger,
+                reason=ask.reason,
+                reason_code=ask.reason_code,
+                progress=ask.progress,
+                records=ask.records,
+                also=ask.also,
+                **ask.changes,
+            )
+        if task := start(
+            "unknown",
+            "pay_invoice",
+            "Pay invoice INV-77 (payments did not answer)",
+            {"invoice_id": "INV-77", "amount": "77.00", "currency": "EUR"},
+        ):
+            self._lost_answer(task, worker)
 
 
 ORDERS = {
-    "A-100": {"status": "delivered", "total": "12.50"},
-    "A-101": {"status": "delivered", "total": "49.00"},
-    "A-103": {"status": "delivered", "total": "89.90"},
-    "A-104": {"status": "shipped", "total": "15.00"},
-    "A-106": {"status": "delivered", "total": "150.00"},
-    "A-107": {"status": "delivered", "total": "32.00"},
+    "A-100": {"status": "delivered", "total": "12.50", "card": "visa-4242"},
+    "A-101": {"status": "delivered", "total": "49.00", "card": "visa-1881"},
+    "A-102": {"status": "delivered", "total": "420.00", "card": "amex-0005"},
+    "A-103": {"status": "delivered", "total": "89.90", "card": "mastercard-4444"},
+    "A-104": {"status": "shipped", "total": "15.00", "card": "visa-4242"},
+    "A-106": {"status": "delivered", "total": "150.00", "card": "visa-0077"},
+    "A-107": {"status": "delivered", "total": "32.00", "card": "visa-4242"},
 }
 
 
