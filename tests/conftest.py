@@ -6,6 +6,8 @@ Cast: in tenant ``acme`` an operator, an approver, an auditor and an admin;
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
@@ -19,6 +21,26 @@ from tenancy.services import grant_role
 
 # In-process tests ring the doorbell into memory; tests that need real workers start them.
 celery_app.conf.broker_url = "memory://"
+# Playwright's sync API runs an event loop in the test thread; Django's ORM calls there are still synchronous.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):
+    """Debian's chromium, never a downloaded browser."""
+    return {
+        **browser_type_launch_args,
+        "executable_path": os.environ.get("CHROMIUM", "/usr/bin/chromium"),
+        "args": [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+        ],
+    }
 
 
 @pytest.fixture(autouse=True)
