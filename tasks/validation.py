@@ -5,6 +5,8 @@ Checked in order, the first failing check deciding the outcome:
 1. task deadline — passed: expire;
 2. the step named by the checkpoint still exists — else quarantine;
 3. the owner still holds an operating role in the tenant — else quarantine;
+   the approver of an approval still in force still holds the approver role —
+   else reapprove (a new request);
 4. the runtime configuration (model, prompt, tool set) is still approved —
    else replan with the current approved one, or quarantine if none;
 5. the policy version — changed: the task type says replan or proceed;
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from approvals import services as approvals
 from tasks import evidence, registry
 from tasks.checkpoints import Checkpoint
 from tasks.decisions import Decision, quarantine, retry_later
@@ -47,6 +50,9 @@ def validate(task: Task, checkpoint: Checkpoint, kind: registry.TaskType, now: d
         return quarantine(
             progress, "owner_access_revoked", f"owner {task.owner} no longer operates this tenant"
         )
+    reapprove = _approver_gone(task, kind, progress, now)
+    if reapprove is not None:
+        return reapprove
 
     replan_to = progress.model_copy(update={"step": kind.replan_step or kind.first_step})
     managed = RuntimeConfig.objects.filter(task_type=task.task_type)
@@ -123,3 +129,33 @@ def validate(task: Task, checkpoint: Checkpoint, kind: registry.TaskType, now: d
         reason_code="revalidated",
         reason=f"deadline, step, access, runtime config, policy and {checked} evidence records hold",
     )
+
+
+def _approver_gone(task: Task, kind: registry.TaskType, progress, now: datetime) -> Decision | None:
+    """An approval whose approver lost the role no longer authorizes anything: ask again."""
+    for step in kind.steps:
+        if not isinstance(step, registry.RequestApproval):
+            continue
+        request = approvals.latest_request(task, step.name)
+        if (
+            request is None
+            or request.status != "approved"
+            or any(call.step == step.action_step for call in progress.tool_calls)
+        ):
+            continue  # nothing approved, or the approved action already ran
+        approver = request.decision.decided_by
+        if not has_role(approver, task.tenant_id, request.approver_role):
+            ask = approvals.request_decision(
+                task, kind, step, progress, now=now, why=f"approver {approver} no longer holds the role"
+            )
+            return Decision(
+                State.WAITING_APPROVAL,
+                Trigger.REAPPROVE,
+                ask.progress,
+                reason=ask.reason,
+                reason_code="approver_access_revoked",
+                changes=ask.changes,
+                records=ask.records,
+                also=ask.also,
+            )
+    return None

@@ -254,3 +254,21 @@ def test_a_ready_task_from_another_deployment_is_revalidated_before_it_resumes(a
     )
     assert triggers[:3] == ["start", "deployment_changed", "proceed"]
     assert services.latest_checkpoint(task).deployment == "2026-12-01"
+
+
+def test_an_approval_whose_approver_lost_the_role_is_asked_again(acme, operator, approver):
+    from approvals.models import ApprovalRequest
+    from tenancy.services import revoke_role
+    from tests.workflow import approve
+
+    task = run(answer(waiting_for_input(acme, owner=operator)))
+    services.task_deliver_event(task, event_key="s", event_type="shipment.returned",
+                                payload={"tracking_number": "T"}, actor=INTEGRATOR)
+    task = run(Task.objects.get(pk=task.pk))
+    assert task.state == State.WAITING_APPROVAL
+    approve(task, approver)
+    revoke_role(approver, acme, "approver")  # before any worker resumed the task
+    task = run(Task.objects.get(pk=task.pk))
+    assert (task.state, task.state_reason) == (State.WAITING_APPROVAL, "approver_access_revoked")
+    assert TransitionEvent.objects.filter(task=task, trigger="reapprove").count() == 1
+    assert ApprovalRequest.objects.filter(task=task).count() == 2
