@@ -11,9 +11,17 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.signals import worker_process_init
+
+from config import otel
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("config")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["tasks", "ledger", "approvals"], related_name="workers")
+
+
+@worker_process_init.connect
+def _trace_worker(**kwargs) -> None:
+    otel.configure(celery=True)  # per pool process: exporters do not survive fork

@@ -210,3 +210,16 @@ def test_sixteen_racing_writers_one_commit(acme):
     assert TransitionEvent.objects.filter(task=task, state_version=2).count() == 1
     assert Checkpoint.objects.filter(task=task, state_version=2).count() == 1
     assert connection.vendor == "postgresql"
+
+
+def test_a_transition_records_its_trace_in_the_event_and_the_checkpoint(acme, monkeypatch):
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from tasks import services
+
+    monkeypatch.setattr(transitions, "tracer", TracerProvider().get_tracer("tests"))
+    task = make_task(acme)
+    advance(task.id, 1, State.READY, actor=Actor.worker("w"), progress=progress("traced"))
+    event = TransitionEvent.objects.get(task=task, state_version=2)
+    assert len(event.trace_id) == 32 and int(event.trace_id, 16) != 0
+    assert services.latest_checkpoint(task).trace_link.startswith(f"00-{event.trace_id}-")

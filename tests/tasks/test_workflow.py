@@ -262,8 +262,13 @@ def test_an_approval_whose_approver_lost_the_role_is_asked_again(acme, operator,
     from tests.workflow import approve
 
     task = run(answer(waiting_for_input(acme, owner=operator)))
-    services.task_deliver_event(task, event_key="s", event_type="shipment.returned",
-                                payload={"tracking_number": "T"}, actor=INTEGRATOR)
+    services.task_deliver_event(
+        task,
+        event_key="s",
+        event_type="shipment.returned",
+        payload={"tracking_number": "T"},
+        actor=INTEGRATOR,
+    )
     task = run(Task.objects.get(pk=task.pk))
     assert task.state == State.WAITING_APPROVAL
     approve(task, approver)

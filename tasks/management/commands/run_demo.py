@@ -40,7 +40,13 @@ class Command(BaseCommand):
         }
         celery = [sys.executable, "-m", "celery", "-A", "config"]
         commands = {
-            "web": [sys.executable, "manage.py", "runserver", "--noreload", addrport],
+            "web": [
+                sys.executable,
+                "manage.py",
+                "runserver",
+                "--noreload",
+                addrport,
+            ],  # traced via config.otel
             "worker": [
                 *celery,
                 "worker",

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from approvals import services as approvals
+from config import otel
 from ledger import reconcile
 from tasks import runner, sweep
 from tasks.workers import worker_id
@@ -47,6 +48,7 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
+        otel.configure()
         me, ttl = worker_id(), timedelta(seconds=lease_ttl)
         started = time.monotonic()
         self.stdout.write(f"worker {me} region={region} lease={lease_ttl}s")
