@@ -9,7 +9,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench lint
+.PHONY: install demo test bench bench-e2e lint
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,3 +30,6 @@ lint: install
 
 bench: install
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/transitions.py
+
+bench-e2e: install
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/e2e.py
