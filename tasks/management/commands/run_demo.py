@@ -40,13 +40,7 @@ class Command(BaseCommand):
         }
         celery = [sys.executable, "-m", "celery", "-A", "config"]
         commands = {
-            "web": [
-                sys.executable,
-                "manage.py",
-                "runserver",
-                "--noreload",
-                addrport,
-            ],  # traced via config.otel
+            "web": [sys.executable, "manage.py", "runserver", "--noreload", addrport],
             "worker": [
                 *celery,
                 "worker",
