@@ -1,10 +1,11 @@
 """The digest an approval is bound to: SHA-256 over canonical JSON.
 
-Canonical form: object keys sorted, no insignificant whitespace, strings in
-Unicode NFC with surrounding whitespace removed, and every number (int, float,
-Decimal) written as its shortest plain decimal — so ``25``, ``25.0`` and
-``Decimal("25.00")`` agree. Strings stay strings, digits and all: an order
-number ``"00123"`` is not the number 123.
+Canonical form: object keys sorted, no insignificant whitespace, strings and
+keys in Unicode NFC (nothing else changed: the binding covers the exact text
+that will be sent), and every number (int, float, Decimal) written as its
+shortest plain decimal JSON number — so ``25``, ``25.0`` and
+``Decimal("25.00")`` agree, while ``25`` and ``"25"`` (a number and a
+string) do not.
 """
 
 from __future__ import annotations
@@ -16,25 +17,34 @@ from decimal import Decimal
 from typing import Any
 
 
-def _number(value: Any) -> str:
-    normalized = Decimal(str(value)).normalize()
-    return format(normalized, "f") if normalized != 0 else "0"
+def _text(value: str) -> str:
+    return json.dumps(unicodedata.normalize("NFC", value), ensure_ascii=False)
 
 
-def canonical(value: Any) -> Any:
-    if isinstance(value, bool) or value is None:
-        return value
+def _number(value: int | float | Decimal) -> str:
+    number = Decimal(str(value))
+    if not number.is_finite():
+        raise TypeError(f"cannot digest the number {value!r}")
+    return "0" if number == 0 else format(number.normalize(), "f")
+
+
+def canonical(value: Any) -> str:
+    """The canonical JSON text of ``value``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, int | float | Decimal):
         return _number(value)
     if isinstance(value, str):
-        return unicodedata.normalize("NFC", value).strip()
+        return _text(value)
     if isinstance(value, dict):
-        return {str(key): canonical(item) for key, item in value.items()}
+        items = sorted((unicodedata.normalize("NFC", str(key)), item) for key, item in value.items())
+        return "{" + ",".join(f"{_text(key)}:{canonical(item)}" for key, item in items) + "}"
     if isinstance(value, list | tuple):
-        return [canonical(item) for item in value]
+        return "[" + ",".join(canonical(item) for item in value) + "]"
     raise TypeError(f"cannot digest a {type(value).__name__}")
 
 
 def digest(fields: dict[str, Any]) -> str:
-    body = json.dumps(canonical(fields), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(body.encode()).hexdigest()
+    return hashlib.sha256(canonical(fields).encode()).hexdigest()

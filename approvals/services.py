@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError
+from django.db.models import F
 from django.utils import timezone
 from guardian.shortcuts import assign_perm
 
@@ -201,10 +202,10 @@ def approval_decide(
             status=400,
             request=request,
         )
-    if request.status != ApprovalStatus.PENDING:
-        return _already(request, decision)
     now = timezone.now()
-    if now >= request.expires_at:
+    if request.status in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED, ApprovalStatus.INVALIDATED):
+        return _already(request, decision)
+    if request.status == ApprovalStatus.EXPIRED or now >= request.expires_at:
         raise ApprovalRefused(
             f"This request expired at {request.expires_at:%Y-%m-%d %H:%M} UTC.",
             code="expired",
@@ -294,7 +295,13 @@ def changed_since_requested(request: ApprovalRequest) -> bool:
 
 
 def expire_pending(*, now: datetime | None = None) -> int:
-    """Mark requests past ``expires_at`` expired (their tasks' waits end through the sweep)."""
-    return ApprovalRequest.objects.filter(
-        status=ApprovalStatus.PENDING, expires_at__lte=now or timezone.now()
-    ).update(status=ApprovalStatus.EXPIRED)
+    """Settle requests nobody can decide any more; return how many.
+
+    Past ``expires_at``: expired (their tasks' waits end through the sweep).
+    Their task no longer waits for them (canceled, quarantined, expired, or a
+    newer request): invalidated.
+    """
+    pending = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING)
+    expired = pending.filter(expires_at__lte=now or timezone.now()).update(status=ApprovalStatus.EXPIRED)
+    orphaned = pending.exclude(task__state=State.WAITING_APPROVAL, task__state_version=F("waiting_version"))
+    return expired + orphaned.update(status=ApprovalStatus.INVALIDATED)

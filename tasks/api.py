@@ -154,9 +154,11 @@ class TaskDetail(TaskSummary):
         }
 
     def get_pending_approvals(self, task: Task) -> list[dict[str, Any]]:
-        pending = ApprovalRequest.objects.filter(task=task, status=ApprovalStatus.PENDING).order_by(
-            "created_at"
-        )
+        if task.state != State.WAITING_APPROVAL:
+            return []  # a request the task no longer waits for is not pending, whatever its row says yet
+        pending = ApprovalRequest.objects.filter(
+            task=task, status=ApprovalStatus.PENDING, waiting_version=task.state_version
+        ).order_by("created_at")
         return [
             {
                 "id": r.id,
