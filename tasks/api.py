@@ -473,6 +473,15 @@ class DeliveryOut(serializers.Serializer):
     task = TaskDetail()
 
 
+FEED_RESPONSES = {
+    200: DeliveryOut,
+    400: OpenApiResponse(description="Field errors"),
+    403: OpenApiResponse(description="Needs the operator or admin role in the task's tenant"),
+    404: OpenApiResponse(),
+    409: CONFLICT,
+}
+
+
 def _delivery_response(request: Request, delivery: services.Delivery) -> Response:
     task = Task.objects.select_related("tenant", "owner").get(pk=delivery.task.pk)
     body = {
@@ -515,13 +524,7 @@ class TaskInputApi(APIView):
     @extend_schema(
         operation_id="tasks_input",
         request=AnswerInput,
-        responses={
-            200: DeliveryOut,
-            400: OpenApiResponse(),
-            403: OpenApiResponse(),
-            404: OpenApiResponse(),
-            409: CONFLICT,
-        },
+        responses=FEED_RESPONSES,
     )
     def post(self, request: Request, task_id) -> Response:
         task = selectors.get_visible_task(request.user, task_id)
@@ -554,13 +557,7 @@ class TaskExternalEventApi(APIView):
     @extend_schema(
         operation_id="tasks_external_events",
         request=EventInput,
-        responses={
-            200: DeliveryOut,
-            400: OpenApiResponse(),
-            403: OpenApiResponse(),
-            404: OpenApiResponse(),
-            409: CONFLICT,
-        },
+        responses=FEED_RESPONSES,
     )
     def post(self, request: Request, task_id) -> Response:
         task = selectors.get_visible_task(request.user, task_id)
