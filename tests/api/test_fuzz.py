@@ -360,3 +360,18 @@ def test_event_history_queries_get_200_or_400(operator, acme, query):
     task = make_task(acme)
     response = api_client_for(operator).get(f"{TASKS}{task.id}/events/", query)
     assert response.status_code in {200, 400}, (response.status_code, query)
+
+
+# --- POST /api/tasks/{id}/input/ and /external-events/ --------------------------------------------
+
+
+@fuzz(60)
+@given(body=schema_bodies(CONTROL_PATH % "input", "post") | JSON_VALUES)
+def test_input_bodies_get_a_documented_answer(operator, acme, body):
+    control(api_client_for(operator), acme, "input", body)
+
+
+@fuzz(60)
+@given(body=schema_bodies(CONTROL_PATH % "external-events", "post") | JSON_VALUES)
+def test_external_event_bodies_get_a_documented_answer(operator, acme, body):
+    control(api_client_for(operator), acme, "external-events", body)
