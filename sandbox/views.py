@@ -85,13 +85,14 @@ def effects(request: HttpRequest, system: str) -> JsonResponse:
     kind, params = fault or ("", {})
     if kind == "latency":
         time.sleep(params.get("ms", 500) / 1000)
+    # A key seen before gets its first result, whatever else this call was meant to suffer.
+    existing = Effect.objects.filter(system=system, idempotency_key=key).first()
+    if existing is not None:
+        return JsonResponse(_effect_json(existing), status=200)
     if kind == "error":
         return JsonResponse({"detail": "injected error: nothing was done"}, status=503)
     if kind == "reject":
         return JsonResponse({"detail": "injected rejection", "status": "rejected"}, status=422)
-    existing = Effect.objects.filter(system=system, idempotency_key=key).first()
-    if existing is not None:
-        return JsonResponse(_effect_json(existing), status=200)
     try:
         with transaction.atomic():
             effect = Effect.objects.create(system=system, idempotency_key=key, request=body)

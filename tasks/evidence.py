@@ -15,6 +15,7 @@ from urllib.parse import quote
 import httpx
 from django.conf import settings
 
+from config import http
 from config.external import connector_url
 
 
@@ -37,7 +38,7 @@ class Record:
 def fetch(system: str, record_id: str, *, timeout: float | None = None) -> Record:
     url = f"{connector_url(system)}/records/{quote(record_id, safe='')}"
     try:
-        response = httpx.get(url, timeout=timeout or settings.CONNECTOR_TIMEOUT)
+        response = http.client().get(url, timeout=timeout or settings.CONNECTOR_TIMEOUT)
     except httpx.HTTPError as exc:
         raise EvidenceUnavailable(f"{system}: {type(exc).__name__}: {exc}") from None
     if response.status_code == 404:

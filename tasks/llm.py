@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Protocol
 
 import httpx
@@ -108,7 +109,9 @@ SCRIPTS: dict[str, Script] = {
 }
 
 
+@cache
 def default_model() -> Model:
+    """The process's model (one per process, so an HTTP model keeps its connections)."""
     if settings.MODEL_BACKEND == "openai":
         return OpenAICompatibleModel(
             base_url=settings.MODEL_URL,

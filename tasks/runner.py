@@ -5,7 +5,7 @@
 3. Decide the next transition from the checkpoint (``tasks.engine``).
 4. Commit it through ``advance`` at the version it was decided from, fenced
    by the lease; a stale version or a lost lease discards the decision.
-5. Heartbeat, and repeat while the task stays runnable; release the lease.
+5. Repeat while the task stays runnable, heartbeating before each step; release the lease.
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ def run_task(
     model = model or default_model()
     try:
         for _ in range(MAX_STEPS):
+            # Before any work: a lease claimed in a batch may have lapsed while earlier tasks ran.
+            if not leases.heartbeat(lease, ttl=ttl):
+                return "lease_lost"
             point = services.task_resume_point(task_id, actor=actor, lease=lease)
             task = point.task
             if point.quarantined or task.state not in RUNNABLE:
@@ -66,8 +69,6 @@ def run_task(
                 **decision.changes,
             )
             chaos.after_commit(task, decision.progress.step if decision.progress else None)
-            if not leases.heartbeat(lease, ttl=ttl):
-                return "lease_lost"
         return "step_budget_spent"
     except StaleVersion as exc:  # includes LeaseLost: another writer won; our decision is void
         log.info("discarded a stale decision", extra={"task_id": str(task_id), "why": str(exc)})

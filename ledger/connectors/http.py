@@ -13,6 +13,7 @@ from urllib.parse import quote
 import httpx
 from django.conf import settings
 
+from config import http
 from config.external import connector_url
 from ledger.connectors.base import Outcome, OutcomeUnknown, Rejected
 
@@ -41,7 +42,7 @@ class HTTPConnector:
 
     def dispatch(self, key: str, effect: dict[str, Any]) -> Outcome:
         try:
-            response = httpx.post(
+            response = http.client().post(
                 f"{self.base_url}/effects/",
                 json=effect,
                 headers={"Idempotency-Key": key},
@@ -60,7 +61,9 @@ class HTTPConnector:
 
     def lookup(self, key: str) -> Outcome | None:
         try:
-            response = httpx.get(f"{self.base_url}/effects/{quote(key, safe='')}", timeout=self._timeout())
+            response = http.client().get(
+                f"{self.base_url}/effects/{quote(key, safe='')}", timeout=self._timeout()
+            )
         except httpx.HTTPError as exc:
             raise OutcomeUnknown(f"{self.name} lookup: {type(exc).__name__}: {exc}") from None
         if response.status_code == 404:

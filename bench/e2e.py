@@ -1,0 +1,601 @@
+"""End to end: worker processes, the sandbox over HTTP and PostgreSQL, for throughput and crash recovery.
+
+What it measures
+    throughput  ``--tasks`` ``order_lookup`` tasks (read the order from the sandbox's orders system
+                over HTTP, a scripted model turn, complete: one HTTP GET and three worker
+                transitions each) run by ``--workers`` ``manage.py run_worker`` processes. Tasks
+                per second from the first worker commit to the last completion (worker start-up
+                excluded; the wall time including it is shown too), and how long one worker spends
+                per task (the gap between two of its completions in a row), p50/p99.
+    recovery    ``--recovery-tasks`` tasks, the same workers with lease TTL ``--lease-ttl``. Once
+                ``--kill-after`` of them are done, every worker is SIGKILLed; tasks whose lease a
+                dead worker still holds are *stranded*. Fresh workers start at once. A task is
+                *back in progress* when a live (fresh) worker holds its lease or it is terminal.
+                Reported: time from the kill until the fresh workers' first commit, until every
+                stranded task is back in progress (this is bounded by lease expiry, so by the TTL),
+                and until all tasks are done; plus what the default 30 s TTL would imply.
+
+    The sandbox is served by gunicorn (``--server gunicorn``, the default; ``runserver`` is the
+    alternative) on a free port, against the benchmark database; workers find it through
+    ``SANDBOX_BASE_URL``. Workers run without ``--sweep`` (no wait or unknown outcome needs the
+    sweep here; ``--sweep`` adds it). Everything runs with DEBUG off.
+
+    Afterwards every task is checked: completed, the outcome's order status is the record's, its
+    audit chain verifies, and no step committed twice (exactly four events: start + three steps).
+
+How to run
+    make bench-e2e                     # DATABASE_URL defaults to the local server
+    .venv/bin/python bench/e2e.py --tasks 2000 --recovery-tasks 1000 --lease-ttl 5
+
+    DATABASE_URL names the *server*; the script creates its own database (``--database``, default
+    ``bench_e2e``), migrates it, and drops it at the end. Results are also written as JSON to
+    ``bench/results/`` unless ``--no-save``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# The database and machine helpers the transition benchmark already has (bench/ is on sys.path first).
+from transitions import (  # noqa: E402
+    DEFAULT_SERVER_URL,
+    RESULTS_DIR,
+    _machine_info,
+    _recreate_database,
+    _settle,
+    _setup_django,
+    _with_dbname,
+)
+
+DEFAULT_TTL = 30.0  # settings.LEASE_TTL_SECONDS's default
+POLL = 0.05
+ORDER_STATUSES = ("delivered", "shipped", "processing", "returned")
+
+
+# ---------------------------------------------------------------------------
+# Processes: the sandbox server and the workers
+# ---------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _child_env(url: str, sandbox_url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": url,
+        "DEBUG": "0",
+        "SECRET_KEY": os.environ.get("SECRET_KEY", "bench-only-not-secret"),
+        "ALLOWED_HOSTS": "127.0.0.1,localhost",
+        "SECURE_SSL_REDIRECT": "0",  # the sandbox is plain HTTP on loopback
+        "CELERY_BROKER_URL": "memory://",  # workers poll PostgreSQL; no doorbell reaches a real broker
+        "SANDBOX_BASE_URL": sandbox_url,
+        "LOG_LEVEL": "ERROR",
+    }
+
+
+class Server:
+    """The sandbox (the whole project's WSGI app) in its own process on a free port."""
+
+    def __init__(self, kind: str, url: str, logs: Path, *, workers: int, threads: int):
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        if kind == "gunicorn":
+            command = [
+                sys.executable, "-m", "gunicorn", "config.wsgi:application",
+                "--bind", f"127.0.0.1:{self.port}", "--workers", str(workers), "--threads", str(threads),
+                "--worker-class", "gthread", "--log-level", "warning",
+            ]  # fmt: skip
+        else:
+            command = [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{self.port}"]
+        self.description = f"{kind}" + (
+            f" ({workers} processes x {threads} threads)" if kind == "gunicorn" else ""
+        )
+        self.log = (logs / "server.log").open("w")
+        self.process = subprocess.Popen(
+            command, cwd=ROOT, env=_child_env(url, self.sandbox), stdout=self.log, stderr=subprocess.STDOUT
+        )
+        try:
+            self._wait_ready(timeout=60)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the sandbox server exited: {Path(self.log.name).read_text()[-2000:]}")
+            try:
+                httpx.get(f"{self.sandbox}/orders/records/ping", timeout=1)  # any answer will do
+                return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise RuntimeError(f"the sandbox server did not answer within {timeout:g} s")
+
+    @property
+    def sandbox(self) -> str:
+        return f"{self.base}/sandbox"
+
+    def stop(self) -> None:
+        _terminate(self.process)
+        self.log.close()
+
+
+def _terminate(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+class Workers:
+    """``count`` ``manage.py run_worker`` processes; their ids are ``host:pid`` as the workers say."""
+
+    def __init__(self, count: int, url: str, sandbox: str, logs: Path, args: argparse.Namespace, ttl: float):
+        command = [
+            sys.executable, "manage.py", "run_worker", "--batch", str(args.batch), "--idle", str(args.idle),
+            "--lease-ttl", str(ttl), *(["--sweep"] if args.sweep else []),
+        ]  # fmt: skip
+        self.processes = []
+        for _ in range(count):
+            log = (logs / f"worker-{time.monotonic_ns()}.log").open("w")
+            self.processes.append(
+                subprocess.Popen(
+                    command, cwd=ROOT, env=_child_env(url, sandbox), stdout=log, stderr=subprocess.STDOUT
+                )
+            )
+            log.close()
+        host = socket.gethostname()
+        self.ids = {f"{host}:{p.pid}" for p in self.processes}
+
+    def kill(self) -> None:
+        for process in self.processes:
+            os.kill(process.pid, signal.SIGKILL)
+        for process in self.processes:
+            process.wait(timeout=10)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            _terminate(process)
+
+    def check_alive(self) -> None:
+        dead = [p.pid for p in self.processes if p.poll() is not None]
+        if dead:
+            raise RuntimeError(f"worker(s) {dead} exited on their own; see the logs")
+
+
+# ---------------------------------------------------------------------------
+# Tasks, checks and timings (in this process, through Django)
+# ---------------------------------------------------------------------------
+
+
+def _make_orders(count: int, rng: random.Random) -> None:
+    from sandbox.models import Record
+
+    Record.objects.bulk_create(
+        Record(system="orders", record_id=f"E-{i}", data={"status": rng.choice(ORDER_STATUSES)})
+        for i in range(count)
+    )
+
+
+def _make_tasks(tenant_slug: str, count: int) -> tuple[Any, float]:
+    """Start ``count`` ``order_lookup`` tasks in a tenant of their own; return it and the seconds it took."""
+    from tasks.services import task_create
+    from tasks.transitions import Actor
+    from tenancy.models import Tenant
+
+    tenant = Tenant.objects.create(slug=tenant_slug, name=tenant_slug)
+    actor = Actor.system("bench")
+    started = time.perf_counter()
+    for i in range(count):
+        task_create(
+            tenant=tenant,
+            task_type="order_lookup",
+            objective=f"Look up E-{i}",
+            input={"order_id": f"E-{i}"},
+            actor=actor,
+        )
+    return tenant, time.perf_counter() - started
+
+
+def _not_done(tenant: Any) -> int:
+    from tasks.models import Task
+    from tasks.states import TERMINAL
+
+    return Task.objects.filter(tenant=tenant).exclude(state__in=TERMINAL).count()
+
+
+def _wait_all_done(tenant: Any, workers: Workers, max_wait: float) -> None:
+    deadline = time.monotonic() + max_wait
+    while _not_done(tenant):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{_not_done(tenant)} tasks still not done after {max_wait:g} s")
+        workers.check_alive()
+        time.sleep(POLL)
+
+
+def _verify(tenant: Any) -> int:
+    """Every task: completed, the record's status in its outcome, chain intact, no step committed twice."""
+    from django.db.models import Count
+
+    from audit.chain import verify_task
+    from audit.models import TransitionEvent
+    from sandbox.models import Record
+    from tasks.models import Task
+
+    statuses = dict(Record.objects.filter(system="orders").values_list("record_id", "data__status"))
+    events = dict(
+        TransitionEvent.objects.filter(tenant=tenant)
+        .values("task_id")
+        .annotate(n=Count("id"))
+        .values_list("task_id", "n")
+    )
+    checked = 0
+    for task in Task.objects.filter(tenant=tenant):
+        if task.state != "completed":
+            raise AssertionError(f"task {task.id} ended {task.state} ({task.state_reason})")
+        if task.outcome["order_status"] != statuses[task.input["order_id"]]:
+            raise AssertionError(f"task {task.id} reported {task.outcome}")
+        if broken := verify_task(task):
+            raise AssertionError(f"audit chain broken: {broken}")
+        if events[task.id] != 4 or task.state_version != 4:
+            raise AssertionError(f"task {task.id} has {events[task.id]} events: a step committed twice")
+        checked += 1
+    return checked
+
+
+def _busy_span(tenant: Any) -> tuple[float, list[float]]:
+    """Seconds from the first worker commit to the last completion, and each worker's time per task.
+
+    A worker's time per task is the gap between two completions in a row by that worker: the claim,
+    the evidence read over HTTP, the model turn and three commits, with nothing left out.
+    """
+    from audit.models import TransitionEvent
+
+    rows = list(
+        TransitionEvent.objects.filter(tenant=tenant, actor_kind="worker")
+        .order_by("created_at")
+        .values_list("actor_id", "trigger", "created_at")
+    )
+    by_worker: dict[str, list[datetime]] = {}
+    for actor_id, trigger, at in rows:
+        if trigger == "complete":
+            by_worker.setdefault(actor_id, []).append(at)
+    gaps = [
+        (later - earlier).total_seconds() * 1000
+        for done in by_worker.values()
+        for earlier, later in zip(done, done[1:], strict=False)
+    ]
+    return (rows[-1][2] - rows[0][2]).total_seconds(), gaps
+
+
+def _quantiles(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return (values[0], values[0]) if values else (float("nan"), float("nan"))
+    cuts = statistics.quantiles(values, n=100)
+    return cuts[49], cuts[98]
+
+
+# ---------------------------------------------------------------------------
+# The two measurements
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Throughput:
+    tasks: int
+    workers: int
+    batch: int
+    lease_ttl_s: float
+    create_s: float
+    wall_s: float  # workers started -> all done, start-up included
+    busy_s: float  # first worker commit -> last completion
+    tasks_per_s: float
+    transitions_per_s: float
+    per_task_p50_ms: float  # one worker's time per task (between its completions)
+    per_task_p99_ms: float
+
+
+def measure_throughput(args: argparse.Namespace, url: str, server: Server, logs: Path) -> Throughput:
+    from django.db import connections
+
+    tenant, create_s = _make_tasks("bench-throughput", args.tasks)
+    connections.close_all()
+    _settle(url)
+    started = time.monotonic()
+    workers = Workers(args.workers, url, server.sandbox, logs, args, args.lease_ttl)
+    try:
+        _wait_all_done(tenant, workers, args.max_wait)
+        wall = time.monotonic() - started
+    finally:
+        workers.stop()
+    busy, per_task = _busy_span(tenant)
+    p50, p99 = _quantiles(per_task)
+    _verify(tenant)
+    return Throughput(
+        tasks=args.tasks,
+        workers=args.workers,
+        batch=args.batch,
+        lease_ttl_s=args.lease_ttl,
+        create_s=create_s,
+        wall_s=wall,
+        busy_s=busy,
+        tasks_per_s=args.tasks / busy,
+        transitions_per_s=3 * args.tasks / busy,
+        per_task_p50_ms=p50,
+        per_task_p99_ms=p99,
+    )
+
+
+@dataclass
+class Recovery:
+    tasks: int
+    workers: int
+    lease_ttl_s: float
+    done_at_kill: int
+    leased_at_kill: int  # live leases the dead workers still held: the stranded tasks
+    last_expiry_after_kill_s: float  # when the last stranded lease lapsed, after the kill
+    first_commit_s: float  # kill -> first commit by a fresh worker
+    back_in_progress_s: float  # kill -> every stranded task leased by a fresh worker or terminal
+    pickup_s: float  # back_in_progress - last_expiry: how fast the fresh workers took the lapsed leases
+    all_done_s: float  # kill -> every task done
+    implied_default_ttl_s: float  # back_in_progress with the default 30 s TTL, estimated
+
+
+def measure_recovery(args: argparse.Namespace, url: str, server: Server, logs: Path) -> Recovery:
+    from django.db import connections
+    from django.utils import timezone
+
+    from audit.models import TransitionEvent
+    from tasks.models import Lease, Task
+    from tasks.states import TERMINAL
+
+    tenant, _ = _make_tasks("bench-recovery", args.recovery_tasks)
+    connections.close_all()
+    _settle(url)
+    ttl = args.lease_ttl
+    first = Workers(args.workers, url, server.sandbox, logs, args, ttl)
+    kill_at_done = int(args.recovery_tasks * args.kill_after)
+    deadline = time.monotonic() + args.max_wait
+    try:
+        while True:
+            done = args.recovery_tasks - _not_done(tenant)
+            live = Lease.objects.filter(task__tenant=tenant, expires_at__gt=timezone.now()).exists()
+            if done >= kill_at_done and live:
+                break
+            if time.monotonic() > deadline or done == args.recovery_tasks:
+                raise RuntimeError("the workers finished (or stalled) before the kill point; use more tasks")
+            first.check_alive()
+            time.sleep(0.01)
+        first.kill()
+    except BaseException:
+        first.stop()
+        raise
+    killed = timezone.now()
+    stranded = dict(
+        Lease.objects.filter(task__tenant=tenant, worker_id__in=first.ids, expires_at__gt=killed)
+        .exclude(task__state__in=TERMINAL)
+        .values_list("task_id", "expires_at")
+    )
+    done_at_kill = args.recovery_tasks - _not_done(tenant)
+    fresh = Workers(args.workers, url, server.sandbox, logs, args, ttl)
+    try:
+        waiting = set(stranded)
+        back_in_progress = 0.0
+        while waiting:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{len(waiting)} stranded tasks never came back")
+            terminal = set(
+                Task.objects.filter(pk__in=waiting, state__in=TERMINAL).values_list("id", flat=True)
+            )
+            leased = set(
+                Lease.objects.filter(task_id__in=waiting, worker_id__in=fresh.ids).values_list(
+                    "task_id", flat=True
+                )
+            )
+            waiting -= terminal | leased
+            back_in_progress = (timezone.now() - killed).total_seconds()
+            fresh.check_alive()
+            time.sleep(POLL)
+        _wait_all_done(tenant, fresh, max(deadline - time.monotonic(), 1))
+        all_done = (timezone.now() - killed).total_seconds()
+    finally:
+        fresh.stop()
+    fresh_actors = [f"worker:{worker_id}" for worker_id in fresh.ids]
+    first_commit = (
+        TransitionEvent.objects.filter(tenant=tenant, actor_id__in=fresh_actors)
+        .order_by("created_at")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    _verify(tenant)
+    last_expiry = max(((at - killed).total_seconds() for at in stranded.values()), default=0.0)
+    pickup = back_in_progress - last_expiry
+    # The last stranded lease had been alive for (ttl - last_expiry) s at the kill; with the default TTL
+    # it would have lapsed (DEFAULT_TTL - that age) s after the kill, and the pickup would be the same.
+    implied = DEFAULT_TTL - (ttl - last_expiry) + pickup if stranded else pickup
+    return Recovery(
+        tasks=args.recovery_tasks,
+        workers=args.workers,
+        lease_ttl_s=ttl,
+        done_at_kill=done_at_kill,
+        leased_at_kill=len(stranded),
+        last_expiry_after_kill_s=last_expiry,
+        first_commit_s=(first_commit - killed).total_seconds() if first_commit else float("nan"),
+        back_in_progress_s=back_in_progress,
+        pickup_s=pickup,
+        all_done_s=all_done,
+        implied_default_ttl_s=implied,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------
+
+
+def _table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(row: Sequence[str]) -> str:
+        first, *rest = zip(row, widths, strict=True)
+        return "  ".join([first[0].ljust(first[1]), *(cell.rjust(w) for cell, w in rest)])
+
+    return "\n".join([line(header), "  ".join("-" * w for w in widths), *(line(row) for row in rows)])
+
+
+def render(throughput: Throughput, recovery: Recovery) -> str:
+    t, r = throughput, recovery
+    first = _table(
+        ("throughput", "tasks", "workers", "batch", "wall s", "busy s", "tasks/s", "transitions/s",
+         "worker ms/task p50/p99"),
+        [("order_lookup", str(t.tasks), str(t.workers), str(t.batch), f"{t.wall_s:.1f}", f"{t.busy_s:.1f}",
+          f"{t.tasks_per_s:,.1f}", f"{t.transitions_per_s:,.0f}",
+          f"{t.per_task_p50_ms:.0f} / {t.per_task_p99_ms:.0f}")],
+    )  # fmt: skip
+    second = _table(
+        ("recovery", "tasks", "workers", "lease TTL s", "done at kill", "stranded", "first commit s",
+         "back in progress s", "all done s"),
+        [("SIGKILL all workers", str(r.tasks), str(r.workers), f"{r.lease_ttl_s:g}", str(r.done_at_kill),
+          str(r.leased_at_kill), f"{r.first_commit_s:.2f}", f"{r.back_in_progress_s:.2f}",
+          f"{r.all_done_s:.1f}")],
+    )  # fmt: skip
+    notes = (
+        f"back in progress = the last stranded lease lapsing {r.last_expiry_after_kill_s:.2f} s after "
+        f"the kill (TTL {r.lease_ttl_s:g} s) + {r.pickup_s:.2f} s for a fresh worker to claim it.\n"
+        f"With the default {DEFAULT_TTL:g} s TTL the same kill would strand tasks for "
+        f"~{r.implied_default_ttl_s:.1f} s (at most {DEFAULT_TTL:g} s + pickup); tasks nobody held "
+        "are picked up at once either way."
+    )
+    return f"{first}\n\n{second}\n\n{notes}"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    parser.add_argument("--tasks", type=int, default=1000, help="tasks for the throughput run (default 1000)")
+    parser.add_argument("--recovery-tasks", type=int, default=1000, help="tasks for the recovery run")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument("--batch", type=int, default=10, help="run_worker --batch (default 10)")
+    parser.add_argument("--idle", type=float, default=0.1, help="run_worker --idle seconds (default 0.1)")
+    parser.add_argument("--lease-ttl", type=float, default=5.0, help="lease TTL in seconds (default 5)")
+    parser.add_argument("--kill-after", type=float, default=0.25,
+                        help="share of the recovery tasks done before the kill (default 0.25)")  # fmt: skip
+    parser.add_argument("--sweep", action="store_true", help="run the workers with --sweep")
+    parser.add_argument("--server", choices=("gunicorn", "runserver"), default="gunicorn")
+    parser.add_argument("--server-workers", type=int, default=2, help="gunicorn processes (default 2)")
+    parser.add_argument("--server-threads", type=int, default=4, help="gunicorn threads each (default 4)")
+    parser.add_argument("--max-wait", type=float, default=600, help="give up a run after this many seconds")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--database", default="bench_e2e", help="throwaway database to create and drop")
+    parser.add_argument("--keep-database", action="store_true", help="leave the database for inspection")
+    parser.add_argument("--no-save", action="store_true", help="do not write JSON to bench/results/")
+    args = parser.parse_args(argv)
+    if min(args.tasks, args.recovery_tasks, args.workers, args.batch) < 1 or not 0 <= args.kill_after < 1:
+        parser.error("counts must be positive and --kill-after in [0, 1)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    server_url = os.environ.get("DATABASE_URL") or DEFAULT_SERVER_URL
+    url = _with_dbname(server_url, args.database)
+    _recreate_database(server_url, args.database, create=True)
+    server: Server | None = None
+    try:
+        os.environ["DATABASE_URL"] = url
+        _setup_django(debug=False)
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0, interactive=False)
+        _make_orders(max(args.tasks, args.recovery_tasks), random.Random(args.seed))
+        info = _machine_info(url)
+        print(f"machine     nproc={info['nproc']}  {info['cpu']}  {info['platform']}")
+        load = info["loadavg_at_start"]
+        busy = "  (WARNING: the machine is busy, numbers will be noisy)" if load[0] > 0.5 else ""
+        print(f"load        {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before start{busy}")
+        print(f"postgresql  {info['postgresql_full']}")
+        print("settings    " + "  ".join(f"{k}={v}" for k, v in info["postgresql_settings"].items()))
+        print(
+            f"software    python {info['python']}  django {info['django']}  psycopg {info['psycopg']}  "
+            "DEBUG=off"
+        )
+        with tempfile.TemporaryDirectory(prefix="bench-e2e-") as logs_dir:
+            logs = Path(logs_dir)
+            server = Server(args.server, url, logs, workers=args.server_workers, threads=args.server_threads)
+            print(
+                f"run         {args.workers} x manage.py run_worker --batch {args.batch} --idle {args.idle:g}"
+                f"{' --sweep' if args.sweep else ''}; sandbox on {server.description} at {server.base}; "
+                f"database {args.database}"
+            )
+            print()
+            throughput = measure_throughput(args, url, server, logs)
+            print(
+                f"  throughput  {throughput.tasks} tasks created in {throughput.create_s:.1f} s, all "
+                f"completed {throughput.wall_s:.1f} s after the workers started "
+                f"({throughput.busy_s:.1f} s busy)",
+                flush=True,
+            )
+            recovery = measure_recovery(args, url, server, logs)
+            print(
+                f"  recovery    killed {args.workers} workers with {recovery.done_at_kill} of "
+                f"{recovery.tasks} done and {recovery.leased_at_kill} leased; all done "
+                f"{recovery.all_done_s:.1f} s later",
+                flush=True,
+            )
+            server.stop()
+            server = None
+        print(f"\nverified    {throughput.tasks + recovery.tasks} tasks: completed with the record's status, "
+              "audit chains intact, no step committed twice\n")  # fmt: skip
+        table = render(throughput, recovery)
+        print(table)
+        if not args.no_save:
+            RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+            path = RESULTS_DIR / f"e2e-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+            path.write_text(json.dumps({
+                "machine": info,
+                "args": vars(args),
+                "throughput": asdict(throughput),
+                "recovery": asdict(recovery),
+                "table": table,
+            }, indent=2))  # fmt: skip
+            print(f"\nresults     {path.relative_to(ROOT)}")
+        return 0
+    finally:
+        if server is not None:
+            server.stop()
+        if "django.db" in sys.modules:
+            sys.modules["django.db"].connections.close_all()
+        if not args.keep_database:
+            _recreate_database(server_url, args.database, create=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
