@@ -22,6 +22,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from approvals.models import ApprovalRequest, ApprovalStatus
+from audit.chain import HASHED_FIELDS
 from audit.models import TransitionEvent
 from ledger.models import Action
 from tasks import checkpoints, registry, selectors, services
@@ -180,23 +181,8 @@ class TaskDetail(TaskSummary):
 class EventOut(serializers.ModelSerializer):
     class Meta:
         model = TransitionEvent
-        fields = [
-            "state_version",
-            "from_state",
-            "to_state",
-            "trigger",
-            "actor_kind",
-            "actor_id",
-            "reason",
-            "reason_code",
-            "attempt",
-            "policy_version",
-            "parent_id",
-            "trace_id",
-            "created_at",
-            "prev_hash",
-            "hash",
-        ]
+        # Every hashed field (so an auditor can recompute the chain), bar the task's own ids.
+        fields = [name for name in HASHED_FIELDS if name not in ("task_id", "tenant_id")] + ["prev_hash", "hash"]
         read_only_fields = fields
 
 
