@@ -182,7 +182,10 @@ class EventOut(serializers.ModelSerializer):
     class Meta:
         model = TransitionEvent
         # Every hashed field (so an auditor can recompute the chain), bar the task's own ids.
-        fields = [name for name in HASHED_FIELDS if name not in ("task_id", "tenant_id")] + ["prev_hash", "hash"]
+        fields = [name for name in HASHED_FIELDS if name not in ("task_id", "tenant_id")] + [
+            "prev_hash",
+            "hash",
+        ]
         read_only_fields = fields
 
 
