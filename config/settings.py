@@ -162,6 +162,8 @@ LEDGER_CONNECTORS = {
 }
 # An outcome still unknown after this long is escalated to an operator.
 UNKNOWN_OUTCOME_ESCALATE_AFTER = env.float("UNKNOWN_OUTCOME_ESCALATE_AFTER", default=600.0)
+# A runnable task nobody has leased, or a wait past its deadline, for this long is "stuck".
+STUCK_AFTER = env.float("STUCK_AFTER", default=120.0)
 
 
 # Celery: the doorbell. Unset, an embedded filesystem broker under var/broker.

@@ -275,6 +275,7 @@ class TaskCollectionApi(APIView):
             OpenApiParameter("state", str, enum=State.values, many=True),
             OpenApiParameter("task_type", str, enum=registry.names()),
             OpenApiParameter("tenant", str),
+            OpenApiParameter("stuck", str, enum=["true", "false"], description="No next event coming"),
             OpenApiParameter("cursor", str),
             OpenApiParameter("page_size", int),
         ],

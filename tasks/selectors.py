@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
 import django_filters
-from django.db.models import Count
+from django.conf import settings
+from django.db.models import Count, Exists, OuterRef, Q
 from django.http import Http404
+from django.utils import timezone
 
 from ledger.models import Action
 from tasks import registry
-from tasks.models import Task
-from tasks.states import ActorKind, State, edges_from, kinds_for_roles
+from tasks.models import Lease, Task
+from tasks.states import RUNNABLE, WAITING, ActorKind, State, edges_from, kinds_for_roles
 from tenancy.selectors import roles_by_tenant, tenant_ids_for
 
 
@@ -22,10 +25,36 @@ class TaskFilter(django_filters.FilterSet):
     state = django_filters.MultipleChoiceFilter(choices=State.choices)
     task_type = django_filters.ChoiceFilter(choices=lambda: [(n, n) for n in registry.names()])
     tenant = django_filters.CharFilter(field_name="tenant__slug")
+    stuck = django_filters.ChoiceFilter(choices=[("true", "yes"), ("false", "no")], method="filter_stuck")
 
     class Meta:
         model = Task
-        fields = ["state", "task_type", "tenant"]
+        fields = ["state", "task_type", "tenant", "stuck"]
+
+    def filter_stuck(self, queryset, name, value):
+        condition = stuck_condition(timezone.now())
+        return queryset.filter(condition) if value == "true" else queryset.exclude(condition)
+
+
+def stuck_condition(now: datetime) -> Q:
+    """Tasks with no valid next event coming: nobody will move them unless someone looks.
+
+    - runnable, yet no worker has held a lease on it for ``STUCK_AFTER`` seconds;
+    - a wait whose deadline passed ``STUCK_AFTER`` seconds ago and is still open
+      (the sweep is not running);
+    - an outcome unknown for longer than ``UNKNOWN_OUTCOME_ESCALATE_AFTER``.
+    Waits before their deadline and quarantined tasks are owned states, not stuck.
+    """
+    grace = now - timedelta(seconds=settings.STUCK_AFTER)
+    unattended = Q(state__in=sorted(RUNNABLE), state_entered_at__lt=grace) & ~Q(
+        Exists(Lease.objects.filter(task_id=OuterRef("pk"), heartbeat_at__gt=grace))
+    )
+    overdue = Q(state__in=sorted(WAITING), wait_deadline__lt=grace)
+    unknown = Q(
+        state=State.OUTCOME_UNKNOWN,
+        state_entered_at__lt=now - timedelta(seconds=settings.UNKNOWN_OUTCOME_ESCALATE_AFTER),
+    )
+    return unattended | overdue | unknown
 
 
 def visible_tasks(user: Any):
