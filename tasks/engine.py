@@ -8,6 +8,7 @@ from an old version is discarded, never applied over newer state.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +21,7 @@ from ledger.models import IN_DOUBT, SENDABLE, SETTLED_FAILED, SETTLED_OK, Action
 from tasks import evidence, registry, validation
 from tasks.checkpoints import Checkpoint, EvidenceRef, Progress, ToolCallRecord
 from tasks.decisions import Decision, quarantine, retry_later
+from tasks.exceptions import StaleVersion
 from tasks.llm import Model, ModelUnavailable
 from tasks.models import ExternalEvent, Task
 from tasks.states import State, Trigger
@@ -55,6 +57,17 @@ def decide(task: Task, checkpoint: Checkpoint, *, model: Model, now: datetime) -
     if step is None:
         return quarantine(progress, "unknown_step", f"step {checkpoint.step!r} is not part of {kind.name}")
     return _run_step(task, kind, step, progress, model=model, now=now)
+
+
+def _no_event_arrived(task_id, event_type: str) -> None:
+    """Inside the commit that starts a wait: an event stored since we looked voids the decision.
+
+    ``task_deliver_event`` stores an early event under the task's row lock, and
+    this runs after our UPDATE took that lock, so one of the two always sees
+    the other: the event is never left behind a wait that began after it came.
+    """
+    if ExternalEvent.objects.filter(task_id=task_id, event_type=event_type).exists():
+        raise StaleVersion("an external event arrived while the wait was being decided")
 
 
 def _advance_to(progress: Progress, step: str, task: Task, **update: Any) -> Decision:
@@ -142,6 +155,7 @@ def _run_step(
                 progress.model_copy(update={"step": step.name}),
                 reason=f"waiting for {step.event_type}",
                 changes={"wait_deadline": now + step.timeout},
+                also=(functools.partial(_no_event_arrived, task.id, step.event_type),),
             )
         case registry.RequestApproval():
             return _approval_gate(task, kind, step, progress, now)

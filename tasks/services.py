@@ -11,7 +11,7 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import IntegrityError
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
@@ -20,7 +20,7 @@ from tasks.checkpoints import Scalar
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.leases import Held
 from tasks.models import Checkpoint, ExternalEvent, Policy, RuntimeConfig, Task, TaskInput
-from tasks.states import RUNNABLE, State, Trigger, edges_from, kinds_for_roles
+from tasks.states import RUNNABLE, TERMINAL, State, Trigger, edges_from, kinds_for_roles
 from tasks.transitions import Actor, advance, task_start
 from tenancy.models import Tenant
 
@@ -378,10 +378,29 @@ def task_deliver_event(
         except (TransitionNotAllowed, checkpoints.CheckpointUnreadable):
             step = None  # not a wait this event can end; keep it (a worker will sort the task out)
     if step is None or step.event_type != event_type:
-        try:
-            event.save(force_insert=True)
-        except IntegrityError:
-            return Delivery(task, applied=False, note="duplicate event_key: already received")
+        with transaction.atomic():
+            # Under the task's row lock, so a worker cannot begin the matching wait between our look
+            # and our insert (its commit re-checks for stored events after taking the same lock).
+            current = (
+                Task.objects.select_for_update().filter(pk=task.pk).values_list("state_version", flat=True)
+            )
+            moved = current.get() != task.state_version
+            if not moved:
+                try:
+                    with transaction.atomic():
+                        event.save(force_insert=True)
+                except IntegrityError:
+                    return Delivery(task, applied=False, note="duplicate event_key: already received")
+        if moved:
+            return task_deliver_event(
+                Task.objects.get(pk=task.pk),
+                event_key=event_key,
+                event_type=event_type,
+                payload=payload,
+                actor=actor,
+            )
+        if task.state in TERMINAL:
+            return Delivery(task, applied=True, note=f"recorded; the task has already ended ({task.state})")
         return Delivery(task, applied=True, note="stored until the task waits for it")
     event.applied_version = task.state_version + 1
     value = payload.get(step.value)

@@ -277,3 +277,31 @@ def test_an_approval_whose_approver_lost_the_role_is_asked_again(acme, operator,
     assert (task.state, task.state_reason) == (State.WAITING_APPROVAL, "approver_access_revoked")
     assert TransitionEvent.objects.filter(task=task, trigger="reapprove").count() == 1
     assert ApprovalRequest.objects.filter(task=task).count() == 2
+
+
+def test_an_event_delivered_while_the_worker_decides_to_wait_is_not_lost(acme, monkeypatch):
+    from tasks import engine
+
+    task = answer(waiting_for_input(acme))
+    real_decide = engine.decide
+
+    def decide_then_event_arrives(task, checkpoint, **kwargs):
+        decision = real_decide(task, checkpoint, **kwargs)
+        if decision and decision.to_state == State.WAITING_EXTERNAL:
+            services.task_deliver_event(
+                Task.objects.get(pk=task.pk),
+                event_key="ship-race",
+                event_type="shipment.returned",
+                payload={"tracking_number": "RACE"},
+                actor=INTEGRATOR,
+            )
+        return decision
+
+    monkeypatch.setattr(engine, "decide", decide_then_event_arrives)
+    assert runner.run_task(task.id, worker_id="w", region="default") == "stale_version"
+    task = Task.objects.get(pk=task.pk)
+    assert task.state == State.READY  # the wait was never entered
+    monkeypatch.setattr(engine, "decide", real_decide)
+    task = run(task)
+    assert task.state == State.WAITING_APPROVAL
+    assert services.latest_checkpoint(task).facts["return_tracking"] == "RACE"
