@@ -95,7 +95,9 @@ class ApprovalListApi(APIView):
         if request.query_params.get("status") == ApprovalStatus.PENDING:
             base = selectors.inbox(request.user)
         else:
-            base = selectors.visible_requests(request.user).select_related("task", "tenant")
+            base = selectors.visible_requests(request.user).select_related(
+                "task", "tenant", "decision__decided_by"
+            )
         filters = selectors.ApprovalFilter(request.query_params, queryset=base)
         if not filters.is_valid():
             raise ValidationError(filters.errors)

@@ -69,7 +69,7 @@ def inbox(user: Any):
             task__state_version=F("waiting_version"),
         )
         .exclude(requested_by=f"user:{user.get_username()}")
-        .select_related("task", "tenant")
+        .select_related("task", "tenant", "decision__decided_by")
     )
     mine = get_objects_for_user(user, DECIDE, klass=live, accept_global_perms=False)
     return mine.filter(tenant_id__in=tenant_ids_for(user, ["approver"])).order_by("created_at")

@@ -19,6 +19,7 @@ from audit.models import TransitionEvent
 from console.access import can_operate, get_task_for_user
 from console.forms import ControlForm, DecisionForm
 from tasks import selectors, services
+from tasks.checkpoints import CheckpointUnreadable
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.leases import live_lease_exists
 from tasks.models import Checkpoint, Lease
@@ -102,6 +103,8 @@ def task_control(request, task_id, control):
         )
     except TransitionNotAllowed as exc:
         messages.error(request, f"Not possible: {exc}")
+    except CheckpointUnreadable as exc:
+        messages.error(request, f"The task's checkpoint cannot be read ({exc.reason}); it needs quarantine.")
     else:
         note = f" ({result.note})" if result.note else ""
         if result.applied:
@@ -158,6 +161,9 @@ def approval_decide(request, request_id):
         )
     except approval_services.ApprovalRefused as exc:
         messages.error(request, str(exc))
+        return redirect("console:approval", request_id=approval.pk)
+    except CheckpointUnreadable as exc:
+        messages.error(request, f"The task's checkpoint cannot be read ({exc.reason}); nothing was decided.")
         return redirect("console:approval", request_id=approval.pk)
     verb = "Approved" if decided.request.status == "approved" else "Rejected"
     if decided.applied:

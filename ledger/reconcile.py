@@ -16,6 +16,7 @@ from datetime import timedelta
 from uuid import UUID
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.utils import timezone
 
 from ledger import connectors
@@ -86,7 +87,9 @@ def reconcile_task(task_id: UUID | str, *, actor: Actor) -> Reconciled:
     if still_unknown:
         _escalate_if_overdue(task, looked)
         return Reconciled(Task.objects.get(pk=task.pk), settled, still_unknown)
-    point = task_services.latest_checkpoint(task)
+    point = task_services.task_resume_point(task.id, actor=actor)
+    if point.quarantined:  # an unreadable checkpoint: nothing resumes from a guess
+        return Reconciled(point.task, settled, 0)
     task = advance(
         task.id,
         task.state_version,
@@ -95,7 +98,7 @@ def reconcile_task(task_id: UUID | str, *, actor: Actor) -> Reconciled:
         trigger=Trigger.RECONCILED,
         reason="; ".join(settled) or "nothing in doubt",
         reason_code="reconciled",
-        progress=point.progress,
+        progress=point.checkpoint.progress,
     )
     chaos.after_reconcile(task)
     task_services.ring_if_runnable(task)
@@ -137,4 +140,8 @@ def reconcile_unknown(*, limit: int = BATCH) -> int:
             done += reconcile_task(task_id, actor=actor).moved
         except StaleVersion:
             continue
+        except DatabaseError:
+            raise
+        except Exception:  # one task's trouble must not stop the reconciler for all the others
+            log.exception("reconciling a task failed", extra={"task_id": str(task_id)})
     return done

@@ -25,6 +25,7 @@ from sandbox.models import Effect, Fault, Record
 
 SYSTEMS = ("payments", "tickets", "email", "orders")
 HANG_SECONDS = 30  # longer than any connector timeout
+FAULT_KINDS = ("latency", "timeout", "ambiguous", "error", "reject")
 
 
 def _body(request: HttpRequest) -> dict | None:
@@ -50,7 +51,7 @@ def _next_fault(request: HttpRequest, system: str, operation: str) -> tuple[str,
     header = request.headers.get("X-Sandbox-Fault")
     if header:
         kind, _, value = header.partition("=")
-        return kind, ({"ms": int(value)} if value.isdigit() else {})
+        return kind, ({"ms": int(value)} if value.isascii() and value.isdigit() else {})
     with transaction.atomic():
         fault = (
             Fault.objects.select_for_update()
@@ -154,13 +155,26 @@ def faults(request: HttpRequest) -> JsonResponse:
         Fault.objects.all().delete()
         return JsonResponse({"cleared": True})
     body = _body(request)
-    if not body or body.get("system") not in SYSTEMS or not body.get("kind"):
-        return JsonResponse({"detail": f"system (one of {SYSTEMS}) and kind are required"}, status=400)
+    remaining = body.get("remaining", 1) if body else None
+    if (
+        not body
+        or body.get("system") not in SYSTEMS
+        or body.get("kind") not in FAULT_KINDS
+        or body.get("operation", "dispatch") not in ("dispatch", "lookup", "read")
+        or not isinstance(body.get("params", {}), dict)
+        or not isinstance(remaining, int)
+        or isinstance(remaining, bool)
+        or not 0 < remaining <= 10_000
+    ):
+        return JsonResponse(
+            {"detail": f"system (one of {SYSTEMS}), kind (one of {FAULT_KINDS}) and a count are required"},
+            status=400,
+        )
     fault = Fault.objects.create(
         system=body["system"],
         operation=body.get("operation", "dispatch"),
         kind=body["kind"],
-        remaining=int(body.get("remaining", 1)),
+        remaining=remaining,
         params=body.get("params") or {},
     )
     return JsonResponse({"id": fault.pk, "queued": str(fault)}, status=201)

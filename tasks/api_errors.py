@@ -8,12 +8,19 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from tasks.checkpoints import CheckpointUnreadable
 from tasks.exceptions import TaskNotFound, TransitionError
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, TaskNotFound):
         return Response({"detail": "Not found.", "code": exc.code}, status=status.HTTP_404_NOT_FOUND)
+    if isinstance(exc, CheckpointUnreadable):
+        # The task cannot be moved from what it stored; a worker will quarantine it.
+        return Response(
+            {"detail": f"The task's checkpoint cannot be read: {exc.detail}", "code": exc.reason},
+            status=status.HTTP_409_CONFLICT,
+        )
     if isinstance(exc, TransitionError):
         return Response(
             {"detail": str(exc), "code": exc.code, "state": exc.state, "state_version": exc.state_version},

@@ -14,12 +14,14 @@ import logging
 from datetime import timedelta
 from uuid import UUID
 
+from django.db import DatabaseError
 from django.utils import timezone
 
 from tasks import chaos, engine, leases, services
-from tasks.exceptions import StaleVersion
+from tasks.exceptions import StaleVersion, TransitionError
 from tasks.llm import Model, default_model
-from tasks.states import RUNNABLE
+from tasks.models import Task
+from tasks.states import RUNNABLE, State, Trigger
 from tasks.transitions import Actor, advance
 
 log = logging.getLogger(__name__)
@@ -73,8 +75,34 @@ def run_task(
     except StaleVersion as exc:  # includes LeaseLost: another writer won; our decision is void
         log.info("discarded a stale decision", extra={"task_id": str(task_id), "why": str(exc)})
         return exc.code
+    except DatabaseError:
+        raise  # the database itself is in trouble: let the worker's loop (or Celery) try again later
+    except Exception as exc:  # a bug or a misconfiguration in a step: hold the task for an operator
+        log.exception("step failed; quarantining", extra={"task_id": str(task_id)})
+        _quarantine_after_error(task_id, actor, lease, exc)
+        return "step_error"
     finally:
         leases.release(lease)
+
+
+def _quarantine_after_error(task_id: UUID | str, actor: Actor, lease: leases.Held, exc: Exception) -> None:
+    """Never crash-loop on a task, never skip it silently: quarantine it with what went wrong."""
+    current = Task.objects.filter(pk=task_id).values_list("state_version", flat=True).first()
+    if current is None:
+        return
+    try:
+        advance(
+            task_id,
+            current,
+            State.QUARANTINED,
+            actor=actor,
+            trigger=Trigger.QUARANTINE,
+            reason=f"{type(exc).__name__}: {exc}"[:1000],
+            reason_code="step_error",
+            lease=lease,
+        )
+    except TransitionError:
+        pass  # moved on meanwhile (or already quarantined): nothing more to do here
 
 
 def run_available(
@@ -87,6 +115,11 @@ def run_available(
 ) -> int:
     """Claim up to ``limit`` eligible tasks of ``region`` and run each; return how many ran."""
     claimed = leases.claim_next(worker_id=worker_id, region=region, limit=limit, ttl=ttl)
-    for lease in claimed:
-        run_task(lease.task_id, worker_id=worker_id, region=region, model=model, ttl=ttl, held=lease)
+    for index, lease in enumerate(claimed):
+        try:
+            run_task(lease.task_id, worker_id=worker_id, region=region, model=model, ttl=ttl, held=lease)
+        except Exception:
+            for unrun in claimed[index + 1 :]:
+                leases.release(unrun)  # hand the rest back now rather than after their TTL
+            raise
     return len(claimed)

@@ -57,6 +57,13 @@ def _move(task: Task, to_state: State, trigger: Trigger, reason: str, **changes)
     return True
 
 
+def _expiry_policy(task: Task) -> str:
+    try:
+        return registry.get(task.task_type).on_wait_expiry
+    except KeyError:  # a task type this deployment no longer has: revalidation will quarantine it
+        return "revalidate"
+
+
 def end_overdue_waits(now: datetime, report: SweepReport) -> None:
     overdue = Task.objects.filter(state__in=WAITING, wait_deadline__lte=now).order_by("wait_deadline")[:BATCH]
     for task in overdue:
@@ -64,7 +71,7 @@ def end_overdue_waits(now: datetime, report: SweepReport) -> None:
             report.waits_ended += _move(
                 task, State.RESUME_VALIDATION, Trigger.BACKOFF_ELAPSED, "backoff elapsed"
             )
-        elif registry.get(task.task_type).on_wait_expiry == "revalidate":
+        elif _expiry_policy(task) == "revalidate":
             report.waits_ended += _move(
                 task, State.RESUME_VALIDATION, Trigger.WAIT_EXPIRED, f"{task.state} expired"
             )

@@ -55,7 +55,8 @@ class HTTPConnector:
                 return self._outcome(response.json(), replayed=response.status_code == 200)
             except ValueError:
                 raise OutcomeUnknown(f"{self.name}: unreadable success answer") from None
-        if 400 <= response.status_code < 500:
+        if 400 <= response.status_code < 500 and response.status_code not in (408, 429):
+            # A definite refusal. (408 and 429 say "not now", which is not "no".)
             raise Rejected(f"{self.name} refused the effect ({response.status_code}): {response.text[:200]}")
         raise OutcomeUnknown(f"{self.name} answered {response.status_code}")
 

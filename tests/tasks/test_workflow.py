@@ -305,3 +305,32 @@ def test_an_event_delivered_while_the_worker_decides_to_wait_is_not_lost(acme, m
     task = run(task)
     assert task.state == State.WAITING_APPROVAL
     assert services.latest_checkpoint(task).facts["return_tracking"] == "RACE"
+
+
+def test_a_step_that_blows_up_quarantines_its_task_instead_of_crash_looping(acme, settings):
+    settings.LEDGER_CONNECTORS = {}  # a misconfigured deployment: the payment connector is gone
+    from ledger import connectors
+
+    connectors.get.cache_clear()
+    task = make_task(
+        acme, task_type="pay_invoice", objective="Pay", input={"invoice_id": "I-1", "amount": "5.00"}
+    )
+    assert runner.run_task(task.id, worker_id="w", region="default") == "step_error"
+    task = Task.objects.get(pk=task.pk)
+    assert (task.state, task.state_reason) == (State.QUARANTINED, "step_error")
+    assert "LookupError" in last_event(task).reason
+    connectors.get.cache_clear()
+
+
+def test_answering_a_task_whose_checkpoint_is_unreadable_is_a_409_not_a_500(acme, operator):
+    from tasks.models import Checkpoint
+    from tests.conftest import api_client_for
+
+    task = waiting_for_input(acme)
+    Checkpoint.objects.filter(task=task, state_version=task.state_version).update(body="garbage")
+    response = api_client_for(operator).post(
+        f"/api/tasks/{task.id}/input/",
+        {"expected_version": task.state_version, "payload": {"answer": "x"}},
+        format="json",
+    )
+    assert response.status_code == 409 and response.json()["code"] == "checkpoint_corrupt"
