@@ -147,6 +147,8 @@ DEFAULT_POLICY_VERSION = env.str("DEFAULT_POLICY_VERSION", default="2026-11")
 
 # External systems. Each connector's base URL is CONNECTOR_<NAME>_URL; unset, it
 # is the sandbox served by this project under /sandbox/<name>.
+# The simulated systems under /sandbox/ (demo and tests); off by default in production.
+SANDBOX_ENABLED = env.bool("SANDBOX_ENABLED", default=DEBUG)
 SANDBOX_BASE_URL = env.str("SANDBOX_BASE_URL", default="http://127.0.0.1:8000/sandbox")
 CONNECTOR_URLS = {
     key[len("CONNECTOR_") : -len("_URL")].lower(): value

@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
@@ -13,5 +14,7 @@ urlpatterns = [
     path("api/", include("tasks.urls")),
     path("api/", include("approvals.urls")),
     path("console/", include("console.urls")),
-    path("sandbox/", include("sandbox.urls")),
 ]
+
+if settings.SANDBOX_ENABLED:
+    urlpatterns.append(path("sandbox/", include("sandbox.urls")))

@@ -46,25 +46,28 @@ def send(action: Action) -> Action:
         outcome = connector.dispatch(action.idempotency_key, dict(action.effect))
         chaos.after_send(action)
     except Rejected as exc:
-        action_move(
-            action.pk,
-            DispatchState.DISPATCHING,
+        target, fields = (
             DispatchState.FAILED,
-            last_error=str(exc)[:2000],
-            outcome={"status": "rejected", "detail": str(exc)[:500]},
+            {
+                "last_error": str(exc)[:2000],
+                "outcome": {"status": "rejected", "detail": str(exc)[:500]},
+            },
         )
     except OutcomeUnknown as exc:
         log.warning("outcome unknown", extra={"action": action.idempotency_key, "error": str(exc)})
-        action_move(action.pk, DispatchState.DISPATCHING, DispatchState.UNKNOWN, last_error=str(exc)[:2000])
+        target, fields = DispatchState.UNKNOWN, {"last_error": str(exc)[:2000]}
     else:
         target = DispatchState.SUCCEEDED if outcome.status == "succeeded" else DispatchState.FAILED
-        action_move(
-            action.pk,
-            DispatchState.DISPATCHING,
-            target,
-            external_ref=outcome.external_ref,
-            outcome={"status": outcome.status, "record_version": outcome.record_version, **outcome.detail},
-            duplicates_suppressed=action.duplicates_suppressed + int(outcome.replayed),
+        fields = {
+            "external_ref": outcome.external_ref,
+            "outcome": {"status": outcome.status, "record_version": outcome.record_version, **outcome.detail},
+            "duplicates_suppressed": action.duplicates_suppressed + int(outcome.replayed),
+        }
+    if not action_move(action.pk, DispatchState.DISPATCHING, target, **fields):
+        # Settled meanwhile by a reconciler that asked the system itself; its record stands.
+        log.warning(
+            "answer arrived after the action was settled",
+            extra={"action": action.idempotency_key, "answer": target},
         )
     return Action.objects.get(pk=action.pk)
 

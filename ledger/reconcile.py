@@ -35,8 +35,16 @@ BATCH = 200
 
 
 def reconcile_action(action: Action) -> Action:
-    """Ask the authoritative system about one in-doubt action and record the answer."""
+    """Ask the authoritative system about one in-doubt action and record the answer.
+
+    A ``dispatching`` action younger than a send can take may still be on the
+    wire: asking now could find it absent just before it lands, so it is left
+    for a later round.
+    """
     if action.dispatch_state not in IN_DOUBT:
+        return action
+    in_flight = timedelta(seconds=2 * settings.CONNECTOR_TIMEOUT + 1)
+    if action.dispatch_state == DispatchState.DISPATCHING and timezone.now() - action.updated_at < in_flight:
         return action
     try:
         found = connectors.get(action.connector).lookup(action.idempotency_key)

@@ -1,9 +1,11 @@
 """The agent step: from a task and its checkpoint, decide the next transition.
 
-``decide`` does the step's bounded work (read evidence, ask the model) and
-returns a ``Decision``; it writes nothing. The runner commits the decision
-through ``advance`` at the version it was computed from — so a decision made
-from an old version is discarded, never applied over newer state.
+``decide`` does the step's bounded work — read evidence, ask the model, and
+for a dispatch step claim and send an intent already committed (through the
+ledger, which records the answer) — and returns a ``Decision``; it never
+writes task state. The runner commits the decision through ``advance`` at the
+version it was computed from, so a decision made from an old version is
+discarded, never applied over newer state.
 """
 
 from __future__ import annotations
