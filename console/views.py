@@ -14,10 +14,12 @@ from django.views.decorators.http import require_POST
 
 from approvals import selectors as approval_selectors
 from approvals import services as approval_services
+from approvals.models import ApprovalRequest
 from approvals.selectors import ApprovalFilter
 from audit.models import TransitionEvent
 from console.access import can_operate, get_task_for_user
 from console.forms import ControlForm, DecisionForm
+from ledger.models import Action
 from tasks import selectors, services
 from tasks.checkpoints import CheckpointUnreadable
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
@@ -69,6 +71,8 @@ def task_detail(request, task_id):
         "controls": controls,
         "form": ControlForm(initial={"expected_version": task.state_version}),
         "ledger": selectors.ledger_summary(task),
+        "actions": Action.objects.filter(task=task).order_by("id")[:50],
+        "approvals": ApprovalRequest.objects.filter(task=task).order_by("-created_at")[:20],
         "lease": Lease.objects.filter(task=task, expires_at__gt=timezone.now()).first(),
     }
     return render(request, "console/task_detail.html", context)

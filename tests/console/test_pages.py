@@ -109,3 +109,25 @@ def test_the_queue_tells_active_ready_tasks_from_eligible_ones(operator, acme):
     rows = {line for line in page.split("<tr>") if "Being worked on" in line or "Nobody on it" in line}
     assert any("Being worked on" in row and "active" in row for row in rows)
     assert any("Nobody on it" in row and "eligible" in row for row in rows)
+
+
+def test_the_task_page_lists_its_side_effects_and_approvals(operator, acme):
+    from ledger.models import Action
+    from tasks.transitions import ActionIntent
+
+    task = make_task(
+        acme, task_type="pay_invoice", objective="Pay", input={"invoice_id": "I-9", "amount": "9.00"}
+    )
+    advance(
+        task.id,
+        1,
+        State.READY,
+        actor=Actor.worker("w"),
+        progress=progress("pay"),
+        actions=[ActionIntent(step="pay", connector="payments", effect={"amount": "9.00"})],
+    )
+    page = client_for(operator).get(f"/console/tasks/{task.id}/").content.decode()
+    action = Action.objects.get(task=task)
+    assert "Side effects" in page and "payments" in page and "intended" in page
+    assert action.idempotency_key[:20] in page
+    assert "Approvals" in page
