@@ -9,9 +9,10 @@ from typing import Any
 
 from tasks import registry
 from tasks.checkpoints import Progress
+from tasks.leases import Held
 from tasks.models import Task
 from tasks.states import State, Trigger
-from tasks.transitions import ActionIntent
+from tasks.transitions import ActionIntent, Actor, advance
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,25 @@ class Decision:
     actions: tuple[ActionIntent, ...] = ()  # intents committed with the transition (the outbox)
     records: tuple[Any, ...] = ()  # other rows committed with it (an approval request)
     also: tuple[Callable[[], None], ...] = ()  # further writes inside its transaction
+
+
+def commit(task: Task, decision: Decision, *, actor: Actor, lease: Held | None = None) -> Task:
+    """Apply ``decision`` to ``task`` at the version it was decided from (see ``advance``)."""
+    return advance(
+        task.id,
+        task.state_version,
+        decision.to_state,
+        actor=actor,
+        trigger=decision.trigger,
+        reason=decision.reason,
+        reason_code=decision.reason_code,
+        progress=decision.progress,
+        actions=decision.actions,
+        records=decision.records,
+        also=decision.also,
+        lease=lease,
+        **decision.changes,
+    )
 
 
 def quarantine(progress: Progress | None, code: str, reason: str) -> Decision:

@@ -17,7 +17,7 @@ from uuid import UUID
 from django.db import DatabaseError
 from django.utils import timezone
 
-from tasks import chaos, engine, leases, services
+from tasks import chaos, decisions, engine, leases, services
 from tasks.exceptions import StaleVersion, TransitionError
 from tasks.llm import Model, default_model
 from tasks.models import Task
@@ -55,21 +55,7 @@ def run_task(
             decision = engine.decide(task, point.checkpoint, model=model, now=timezone.now())
             if decision is None:
                 return "deferred"  # e.g. a cancel waiting on a system that cannot answer yet
-            task = advance(
-                task.id,
-                task.state_version,
-                decision.to_state,
-                actor=actor,
-                trigger=decision.trigger,
-                reason=decision.reason,
-                reason_code=decision.reason_code,
-                progress=decision.progress,
-                actions=decision.actions,
-                records=decision.records,
-                also=decision.also,
-                lease=lease,
-                **decision.changes,
-            )
+            task = decisions.commit(task, decision, actor=actor, lease=lease)
             chaos.after_commit(task, decision.progress.step if decision.progress else None)
         return "step_budget_spent"
     except StaleVersion as exc:  # includes LeaseLost: another writer won; our decision is void

@@ -10,7 +10,7 @@ from playwright.sync_api import Page, expect
 
 from approvals import services as approvals
 from approvals.models import ApprovalRequest
-from tasks import checkpoints, registry
+from tasks import checkpoints, decisions, registry
 from tasks.models import Task
 from tasks.states import State, Trigger
 from tasks.transitions import Actor, advance
@@ -43,17 +43,7 @@ def waiting_for_approval(tenant, owner) -> Task:
     worker = Actor.worker("browser-test")
     task = advance(task.id, 1, State.READY, actor=worker, trigger=Trigger.STEP, progress=progress)
     ask = approvals.request_decision(task, kind, kind.step("approve"), progress, now=now)
-    return advance(
-        task.id,
-        task.state_version,
-        ask.to_state,
-        actor=worker,
-        trigger=ask.trigger,
-        progress=ask.progress,
-        records=ask.records,
-        also=ask.also,
-        **ask.changes,
-    )
+    return decisions.commit(task, ask, actor=worker)
 
 
 def log_in(page: Page, base: str, username: str) -> None:

@@ -21,7 +21,7 @@ from approvals import services as approvals
 from ledger.models import Action, DispatchState
 from ledger.services import action_move
 from sandbox.models import Record
-from tasks import checkpoints, registry, services
+from tasks import checkpoints, decisions, registry, services
 from tasks.models import Policy, RuntimeConfig
 from tasks.services import task_create
 from tasks.states import ActorKind, State, Trigger
@@ -226,19 +226,7 @@ class Command(BaseCommand):
             )
             kind = registry.get(task.task_type)
             ask = approvals.request_decision(task, kind, kind.step("approve"), progress, now=now)
-            advance(
-                task.id,
-                task.state_version,
-                ask.to_state,
-                actor=worker,
-                trigger=ask.trigger,
-                reason=ask.reason,
-                reason_code=ask.reason_code,
-                progress=ask.progress,
-                records=ask.records,
-                also=ask.also,
-                **ask.changes,
-            )
+            decisions.commit(task, ask, actor=worker)
         if task := start(
             "unknown",
             "pay_invoice",
