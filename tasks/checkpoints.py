@@ -25,6 +25,14 @@ CURRENT_SCHEMA = 2
 CODEC = "json/v1"
 
 Scalar = str | int | float | bool | None
+MAX_FACT_LENGTH = 2000
+
+
+def as_fact(value: Any) -> Scalar:
+    """An outside value (a record field, an event payload) as an accepted fact: a scalar, text bounded."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return str(value)[:MAX_FACT_LENGTH]
 
 
 class _Strict(BaseModel):

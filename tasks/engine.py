@@ -21,21 +21,13 @@ from approvals.models import ApprovalStatus
 from ledger import dispatch, reconcile
 from ledger.models import IN_DOUBT, SENDABLE, SETTLED_FAILED, SETTLED_OK, Action
 from tasks import evidence, registry, validation
-from tasks.checkpoints import Checkpoint, EvidenceRef, Progress, ToolCallRecord
+from tasks.checkpoints import MAX_FACT_LENGTH, Checkpoint, EvidenceRef, Progress, ToolCallRecord, as_fact
 from tasks.decisions import Decision, quarantine, retry_later
 from tasks.exceptions import StaleVersion
 from tasks.llm import Model, ModelUnavailable
 from tasks.models import ExternalEvent, Task
 from tasks.states import State, Trigger
 from tasks.transitions import ActionIntent
-
-MAX_FACT_LENGTH = 2000
-
-
-def _scalar(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | float):
-        return value
-    return str(value)[:MAX_FACT_LENGTH]
 
 
 def decide(task: Task, checkpoint: Checkpoint, *, model: Model, now: datetime) -> Decision | None:
@@ -105,7 +97,7 @@ def _run_step(
                     reason_code="evidence_missing",
                     changes={"outcome": {"reason": "evidence_missing", "record": record_id}},
                 )
-            facts.update({fact: _scalar(record.data.get(name)) for name, fact in step.facts.items()})
+            facts.update({fact: as_fact(record.data.get(name)) for name, fact in step.facts.items()})
             ref = EvidenceRef(
                 system=record.system,
                 record_id=record.record_id,
@@ -143,7 +135,7 @@ def _run_step(
                 .first()
             )
             if early is not None:
-                facts[step.fact] = _scalar(early.payload.get(step.value))
+                facts[step.fact] = as_fact(early.payload.get(step.value))
                 return _advance_to(
                     progress,
                     step.next,

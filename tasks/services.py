@@ -365,6 +365,16 @@ def task_deliver_event(
     An event the task is not (yet) waiting for is kept, and applied when the
     task reaches the step that waits for it.
     """
+
+    def again() -> Delivery:
+        return task_deliver_event(
+            Task.objects.get(pk=task.pk),
+            event_key=event_key,
+            event_type=event_type,
+            payload=payload,
+            actor=actor,
+        )
+
     if ExternalEvent.objects.filter(task=task, event_key=event_key).exists():
         return Delivery(task, applied=False, note="duplicate event_key: already received")
     now = timezone.now()
@@ -392,25 +402,15 @@ def task_deliver_event(
                 except IntegrityError:
                     return Delivery(task, applied=False, note="duplicate event_key: already received")
         if moved:
-            return task_deliver_event(
-                Task.objects.get(pk=task.pk),
-                event_key=event_key,
-                event_type=event_type,
-                payload=payload,
-                actor=actor,
-            )
+            return again()
         if task.state in TERMINAL:
             return Delivery(task, applied=True, note=f"recorded; the task has already ended ({task.state})")
         return Delivery(task, applied=True, note="stored until the task waits for it")
     event.applied_version = task.state_version + 1
-    value = payload.get(step.value)
     progress = point.progress.model_copy(
         update={
             "step": step.next,
-            "facts": {
-                **point.facts,
-                step.fact: value if isinstance(value, str | int | float | bool) else None,
-            },
+            "facts": {**point.facts, step.fact: checkpoints.as_fact(payload.get(step.value))},
             "input_refs": [*point.input_refs, f"event:{event_key}"],
         }
     )
@@ -430,13 +430,6 @@ def task_deliver_event(
             Task.objects.get(pk=task.pk), applied=False, note="duplicate event_key: already received"
         )
     except StaleVersion:
-        # The task moved while we looked: keep the event; the engine applies it when the task waits for it.
-        return task_deliver_event(
-            Task.objects.get(pk=task.pk),
-            event_key=event_key,
-            event_type=event_type,
-            payload=payload,
-            actor=actor,
-        )
+        return again()  # the task moved while we looked: deliver against where it is now
     ring_if_runnable(task)
     return Delivery(task, applied=True)
