@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from approvals import selectors, services
 from approvals.models import ApprovalRequest, ApprovalStatus, Decision
+from tasks import values
 from tasks.api import OldestFirst
 
 
@@ -127,8 +128,10 @@ class ApprovalDecideApi(APIView):
         comment = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
 
         def validate_comment(self, value: str) -> str:
-            if "\x00" in value:
-                raise serializers.ValidationError("NUL characters are not allowed.")
+            # Kept on the decision and quoted as the audit reason: it must be storable text.
+            problem = values.text_problem(value)
+            if problem:
+                raise serializers.ValidationError(f"comment {problem}")
             return value
 
     class DecideOutput(serializers.Serializer):

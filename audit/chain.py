@@ -1,19 +1,26 @@
-"""Hash chain over a task's transition events.
+"""Hash chain over a task's transition events, and its verification.
 
 ``hash = SHA-256(prev_hash || canonical JSON of the event's fields)``; the
 first event links to ``GENESIS``. Canonical JSON: sorted keys, no whitespace,
 datetimes as ISO 8601 in UTC with microseconds, UUIDs as strings.
+
+Verification reads a task's head and its events in one snapshot, so a chain
+verified while workers commit is never reported broken because the row and
+the log were read at different moments.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 GENESIS = "0" * 64
 
@@ -36,6 +43,9 @@ HASHED_FIELDS = (
     "trace_id",
     "created_at",
 )
+# Fields added after events were first written: hashed only when non-empty, so
+# every event written before a field existed keeps exactly the hash it was given.
+OPTIONAL_HASHED_FIELDS = ("checkpoint_digest",)
 
 
 def _plain(value: Any) -> Any:
@@ -47,8 +57,10 @@ def _plain(value: Any) -> Any:
 
 
 def event_hash(prev_hash: str, fields: dict[str, Any]) -> str:
+    covered = {name: _plain(fields[name]) for name in HASHED_FIELDS}
+    covered.update({name: fields[name] for name in OPTIONAL_HASHED_FIELDS if fields.get(name)})
     body = json.dumps(
-        {name: _plain(fields[name]) for name in HASHED_FIELDS},
+        covered,
         sort_keys=True,
         separators=(",", ":"),
         ensure_ascii=False,
@@ -81,7 +93,7 @@ def verify_events(
             return BrokenLink(task_id, expected_version, f"missing event (found v{event.state_version} next)")
         if event.prev_hash != prev:
             return BrokenLink(task_id, event.state_version, "prev_hash does not match the previous event")
-        fields = {name: getattr(event, name) for name in HASHED_FIELDS}
+        fields = {name: getattr(event, name) for name in (*HASHED_FIELDS, *OPTIONAL_HASHED_FIELDS)}
         if event_hash(prev, fields) != event.hash:
             return BrokenLink(task_id, event.state_version, "contents do not match the stored hash")
         prev, expected_version = event.hash, expected_version + 1
@@ -93,7 +105,47 @@ def verify_events(
 
 
 def verify_task(task: Any) -> BrokenLink | None:
+    """First broken link in the chain of ``task`` (anything with an ``id``), or None.
+
+    Reads the task's head and version afresh together with its events, in one
+    snapshot, so the answer describes one moment of a live system. A break is
+    read again once, in a new snapshot, before it is reported: an auditor can
+    trust a red result.
+    """
+    link = _verify_once(task.id)
+    return _verify_once(task.id) if link is not None else None
+
+
+def _verify_once(task_id: Any) -> BrokenLink | None:
     from audit.models import TransitionEvent
 
-    events = TransitionEvent.objects.filter(task_id=task.id).order_by("state_version").iterator()
-    return verify_events(task.id, events, head=task.audit_head, state_version=task.state_version)
+    # The task model through our own foreign key: audit sits below tasks and does not import it.
+    task_model = TransitionEvent._meta.get_field("task").related_model
+    with _snapshot():
+        row = task_model._default_manager.filter(pk=task_id).values("audit_head", "state_version").first()
+        if row is None:
+            return None  # gone with its history (retention): nothing left to disagree
+        events = list(TransitionEvent.objects.filter(task_id=task_id).order_by("state_version"))
+    return verify_events(task_id, events, head=row["audit_head"], state_version=row["state_version"])
+
+
+@contextmanager
+def _snapshot() -> Iterator[None]:
+    """A read-only transaction whose reads all see one snapshot.
+
+    PostgreSQL's default READ COMMITTED gives every statement its own snapshot:
+    a transition committing between reading the task row and reading its log
+    would look like an extra event. REPEATABLE READ fixes the snapshot at the
+    first read. Inside a caller's transaction the isolation level can no
+    longer be chosen; the caller's transaction is then the unit (and a break is
+    re-read before it is reported). SQLite serializes writers: it needs nothing.
+    """
+    connection = connections[DEFAULT_DB_ALIAS]
+    if connection.in_atomic_block:
+        yield
+        return
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield

@@ -1,9 +1,12 @@
-"""The append-only transition log.
+"""The append-only history of a task: its transitions and its lease takeovers.
 
-One row per committed transition, hash-chained per task (``prev_hash`` ->
-``hash``) so that editing, deleting or inserting a row is detectable by
-``audit.chain.verify_task`` / ``manage.py verify_audit``. On PostgreSQL a
-trigger (migration 0002) refuses UPDATE and DELETE outright.
+``TransitionEvent``: one row per committed transition, hash-chained per task
+(``prev_hash`` -> ``hash``) so that editing, deleting or inserting a row is
+detectable by ``audit.chain.verify_task`` / ``manage.py verify_audit``. It
+records the digest of the checkpoint written with it, which binds that
+checkpoint to the chain. ``LeaseTakeover``: one row each time a worker claims a
+task whose lease lapsed in another worker's hands. On PostgreSQL triggers
+(migrations 0002 and 0005) refuse UPDATE and DELETE on both outright.
 """
 
 from __future__ import annotations
@@ -27,6 +30,10 @@ class TransitionEvent(models.Model):
     policy_version = models.CharField(max_length=64)
     parent_id = models.UUIDField(null=True, blank=True)
     trace_id = models.CharField(max_length=32, blank=True, default="")
+    # SHA-256 of the checkpoint body written by this transition ("" when it wrote
+    # none, or was written before checkpoints carried digests). Hashed only when set,
+    # so older events keep their hashes (audit.chain.OPTIONAL_HASHED_FIELDS).
+    checkpoint_digest = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField()
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
@@ -39,3 +46,30 @@ class TransitionEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id} v{self.state_version} {self.from_state or '∅'}->{self.to_state}"
+
+
+class LeaseTakeover(models.Model):
+    """A worker claimed a task whose lease had lapsed while another worker held it.
+
+    Written by ``tasks.leases`` in the claim's own transaction, so a takeover
+    without its record cannot exist. A lease its holder released is handed on,
+    not taken over, and leaves no row.
+    """
+
+    task = models.ForeignKey("tasks.Task", on_delete=models.PROTECT, related_name="lease_takeovers")
+    worker_id = models.CharField(max_length=200)  # the new holder
+    token = models.PositiveBigIntegerField()  # the new fencing token
+    previous_worker_id = models.CharField(max_length=200)
+    stale_token = models.PositiveBigIntegerField()  # every write fenced by it is now refused
+    previous_heartbeat_at = models.DateTimeField()  # the previous holder's last sign of life
+    previous_expires_at = models.DateTimeField()
+    taken_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            # The task page and API: a task's newest takeovers.
+            models.Index(fields=["task", "-taken_at"], name="takeover_task_taken"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id}: {self.worker_id} took #{self.stale_token} from {self.previous_worker_id}"

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import io
 import json
 import multiprocessing
@@ -104,10 +105,10 @@ CHANGEABLE_COLUMNS = (
 )  # fmt: skip
 EVENT_COLUMNS = (
     "task_id", "tenant_id", "state_version", "from_state", "to_state", "trigger", "actor_kind", "actor_id",
-    "reason", "reason_code", "attempt", "policy_version", "parent_id", "trace_id", "created_at", "prev_hash",
-    "hash",
+    "reason", "reason_code", "attempt", "policy_version", "parent_id", "trace_id", "checkpoint_digest",
+    "created_at", "prev_hash", "hash",
 )  # fmt: skip
-CHECKPOINT_COLUMNS = ("task_id", "state_version", "schema_version", "codec", "body", "created_at")
+CHECKPOINT_COLUMNS = ("task_id", "state_version", "schema_version", "codec", "body", "digest", "created_at")
 
 SELECT_TASK = f"SELECT {', '.join(TASK_COLUMNS)} FROM tasks_task WHERE id = %s ORDER BY id ASC LIMIT 1"
 UPDATE_TASK = (
@@ -166,12 +167,25 @@ def raw_transition(
             raise RuntimeError(f"task {task_id} is at {task['state']} v{task['state_version']}")
         now = datetime.now(UTC)
         version = expected_version + 1
+        # The checkpoint first: the event records its digest (as advance() does).
+        body = {
+            "approvals": [], "attempt": task["attempt"], "created_at": _iso(task["created_at"]),
+            "deadline": _iso(task["deadline"]), "evidence": [], "facts": facts, "input_refs": [],
+            "output_refs": [], "pending_actions": [], "policy_version": task["policy_version"],
+            "runtime_config": {"model": task["model_id"], "prompt": task["prompt_id"],
+                               "tool_set": task["toolset_id"]},
+            "schema_version": 1, "state": "ready", "state_entered_at": _iso(task["state_entered_at"]),
+            "state_version": version, "step": step, "task_id": str(task_id), "tool_calls": [],
+            "trace_link": "", "wait_deadline": _iso(task["wait_deadline"]),
+        }  # fmt: skip
+        encoded = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        digest = hashlib.sha256(encoded.encode()).hexdigest()
         fields: dict[str, Any] = {
             "task_id": task_id, "tenant_id": task["tenant_id"], "state_version": version,
             "from_state": "ready", "to_state": "ready", "trigger": "step", "actor_kind": "worker",
             "actor_id": actor_id, "reason": "", "reason_code": "", "attempt": task["attempt"],
             "policy_version": task["policy_version"], "parent_id": task["parent_id"], "trace_id": "",
-            "created_at": now,
+            "checkpoint_digest": digest, "created_at": now,
         }  # fmt: skip
         prev_hash = task["audit_head"] or GENESIS
         head = event_hash(prev_hash, fields)
@@ -184,18 +198,7 @@ def raw_transition(
             raise RuntimeError(f"task {task_id} moved on from v{expected_version}")
         cur.execute(INSERT_EVENT, [*fields.values(), prev_hash, head])
         cur.fetchone()
-        body = {
-            "approvals": [], "attempt": task["attempt"], "created_at": _iso(task["created_at"]),
-            "deadline": _iso(task["deadline"]), "evidence": [], "facts": facts, "input_refs": [],
-            "output_refs": [], "pending_actions": [], "policy_version": task["policy_version"],
-            "runtime_config": {"model": task["model_id"], "prompt": task["prompt_id"],
-                               "tool_set": task["toolset_id"]},
-            "schema_version": 1, "state": "ready", "state_entered_at": _iso(task["state_entered_at"]),
-            "state_version": version, "step": step, "task_id": str(task_id), "tool_calls": [],
-            "trace_link": "", "wait_deadline": _iso(task["wait_deadline"]),
-        }  # fmt: skip
-        encoded = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        cur.execute(INSERT_CHECKPOINT, [task_id, version, 1, "json/v1", encoded, now])
+        cur.execute(INSERT_CHECKPOINT, [task_id, version, 1, "json/v1", encoded, digest, now])
         cur.fetchone()
 
 
@@ -484,8 +487,8 @@ def _verify(phases: list[Phase]) -> tuple[int, int]:
     """Every benchmarked task: chain intact, newest checkpoint decodes, at the version its writer reached."""
     from audit.chain import verify_task
     from audit.models import TransitionEvent
-    from tasks import checkpoints
-    from tasks.models import Checkpoint, Task
+    from tasks import services
+    from tasks.models import Task
 
     expected = {task_id: version for phase in phases for task_id, version in phase.final_versions.items()}
     tasks = Task.objects.filter(pk__in=list(expected))
@@ -498,8 +501,7 @@ def _verify(phases: list[Phase]) -> tuple[int, int]:
             raise AssertionError(
                 f"task {task.id} at v{task.state_version}, writer ended at {expected[str(task.id)]}"
             )
-        row = Checkpoint.objects.filter(task=task).order_by("-state_version").first()
-        document = checkpoints.decode(row.body if row else "", row.schema_version if row else None)
+        document = services.latest_checkpoint(task)  # digest checked against the audit event, too
         if document.state_version != task.state_version:
             raise AssertionError(f"task {task.id}: newest checkpoint is for v{document.state_version}")
         checked += 1

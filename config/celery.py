@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import worker_init, worker_process_init
 
 from config import otel
 
@@ -25,3 +25,11 @@ app.autodiscover_tasks(["tasks", "ledger", "approvals"], related_name="workers")
 @worker_process_init.connect
 def _trace_worker(**kwargs) -> None:
     otel.configure(celery=True)  # per pool process: exporters do not survive fork
+
+
+@worker_init.connect
+def _trace_unforked_worker(sender=None, **kwargs) -> None:
+    # The threads pool (the embedded broker's, see settings) forks no pool processes: trace here.
+    pool = getattr(sender, "pool_cls", "")
+    if "prefork" not in (pool if isinstance(pool, str) else pool.__module__):
+        otel.configure(celery=True)

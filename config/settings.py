@@ -137,6 +137,9 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
 }
 
+# Largest checkpoint body written or loaded. Checkpoints hold references and scalar
+# facts, not documents: a bigger body is a blob that slipped in (or was planted).
+CHECKPOINT_MAX_BYTES = env.int("CHECKPOINT_MAX_BYTES", default=256 * 1024)
 # Identifies the code that is running; checkpoints record it, and a task resumed
 # by another deployment goes through resume validation first.
 DEPLOYMENT_ID = env.str("DEPLOYMENT_ID", default="dev")
@@ -162,6 +165,23 @@ LEDGER_CONNECTORS = {
     "tickets": "ledger.connectors.http.HTTPConnector",
     "email": "ledger.connectors.http.HTTPConnector",
 }
+# The longest a sent request can take to land in the authoritative system, counted
+# from the moment it was claimed for sending (our timeout plus however long the
+# system may still commit after we gave up). A lookup that finds no effect is
+# trusted as "absent" only once this much time has passed since the send.
+CONNECTOR_MAX_IN_FLIGHT = env.float("CONNECTOR_MAX_IN_FLIGHT", default=60.0)
+# Resending an effect found absent: exponential backoff with jitter from
+# LEDGER_RESEND_BACKOFF seconds (doubling per send, at most LEDGER_RESEND_BACKOFF_MAX),
+# and at most LEDGER_MAX_SENDS sends before an operator has to look.
+LEDGER_RESEND_BACKOFF = env.float("LEDGER_RESEND_BACKOFF", default=5.0)
+LEDGER_RESEND_BACKOFF_MAX = env.float("LEDGER_RESEND_BACKOFF_MAX", default=300.0)
+LEDGER_MAX_SENDS = env.int("LEDGER_MAX_SENDS", default=5)
+# The reconciler asks a system about the same action at most this often.
+LEDGER_LOOKUP_INTERVAL = env.float("LEDGER_LOOKUP_INTERVAL", default=2.0)
+# After a task ended with an effect found absent, keep asking about that effect
+# (every LATE_EFFECT_RECHECK_EVERY seconds) for this long: a late landing amends the report.
+LATE_EFFECT_WINDOW = env.float("LATE_EFFECT_WINDOW", default=86400.0)
+LATE_EFFECT_RECHECK_EVERY = env.float("LATE_EFFECT_RECHECK_EVERY", default=60.0)
 # An outcome still unknown after this long is escalated to an operator.
 UNKNOWN_OUTCOME_ESCALATE_AFTER = env.float("UNKNOWN_OUTCOME_ESCALATE_AFTER", default=600.0)
 # A runnable task nobody has leased, or a wait past its deadline, for this long is "stuck".
@@ -172,16 +192,40 @@ STUCK_AFTER = env.float("STUCK_AFTER", default=120.0)
 BROKER_DIR = Path(env.str("BROKER_DIR", default=str(VAR_DIR / "broker")))
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
-    for folder in ("queue", "processed"):
+    for folder in ("queue", "processed", "control"):
         (BROKER_DIR / folder).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(BROKER_DIR / "queue"),
         "data_folder_out": str(BROKER_DIR / "queue"),
         "processed_folder": str(BROKER_DIR / "processed"),
+        "control_folder": str(BROKER_DIR / "control"),  # not ./control in whatever directory we run from
         "store_processed": False,
+        # It polls the folder, and also waits this long whenever every prefetch slot is busy: at
+        # the default second a worker takes two doorbells a second, most of them the sweep's repeats.
+        "polling_interval": 0.1,
     }
+    # A transport without an event loop (this one polls) runs the prefork pool in its blocking form,
+    # where all children read jobs from one pipe under one lock that an idle child holds while it
+    # waits: SIGKILL that child (OOM killer, operator) and the lock is never released, so no child
+    # runs anything again. Threads share no such lock, and agent steps are I/O-bound anyway.
+    CELERY_WORKER_POOL = "threads"
+else:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        # Redis (and SQS) hand a message left unacknowledged this long to another consumer: with
+        # late acks, the doorbells of a worker that vanished come back after it. Longer than a
+        # normal run, so that runs in progress are not rung twice (which would be harmless anyway:
+        # the second doorbell finds the lease taken), far shorter than the default hour.
+        "visibility_timeout": env.float("CELERY_VISIBILITY_TIMEOUT", default=300.0),
+    }
+# Redis: every key (queues, unacked messages, bindings, pub/sub) under this prefix, so that
+# deployments (or test runs) sharing one Redis never see each other's messages.
+if key_prefix := env.str("CELERY_BROKER_KEY_PREFIX", default=""):
+    CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = key_prefix
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = f"region.{WORKER_REGION}"
+# One message per pool process at a time: doorbells a worker cannot start yet stay in the broker,
+# where any worker of the region can take them, instead of waiting behind a busy (or dying) one.
+# Doorbells ack late and go back to the queue when their pool process dies (tasks/workers.py).
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {

@@ -16,7 +16,7 @@ from approvals import selectors as approval_selectors
 from approvals import services as approval_services
 from approvals.models import ApprovalRequest
 from approvals.selectors import ApprovalFilter
-from audit.models import TransitionEvent
+from audit.models import LeaseTakeover, TransitionEvent
 from console.access import can_operate, get_task_for_user
 from console.forms import ControlForm, DecisionForm
 from ledger.models import Action
@@ -28,6 +28,7 @@ from tasks.models import Checkpoint, Lease
 from tasks.states import State
 
 PAGE = 50
+TAKEOVERS_SHOWN = 5  # newest lease takeovers on a task page
 
 
 @login_required
@@ -74,6 +75,7 @@ def task_detail(request, task_id):
         "actions": Action.objects.filter(task=task).order_by("id")[:50],
         "approvals": ApprovalRequest.objects.filter(task=task).order_by("-created_at")[:20],
         "lease": Lease.objects.filter(task=task, expires_at__gt=timezone.now()).first(),
+        "takeovers": LeaseTakeover.objects.filter(task=task).order_by("-taken_at")[:TAKEOVERS_SHOWN],
     }
     return render(request, "console/task_detail.html", context)
 

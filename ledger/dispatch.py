@@ -1,46 +1,105 @@
 """Sending an intended effect, once per claim, and recording what came back.
 
-1. Claim: the intent row moves ``intended``/``reconciled_absent`` ->
-   ``dispatching`` under ``SELECT … FOR UPDATE SKIP LOCKED``; a second
-   claimer gets nothing.
-2. Send: the connector is called outside any transaction, with a timeout.
+1. Claim: one guarded UPDATE moves the action ``intended``/``reconciled_absent``
+   -> ``dispatching``, only while the worker's lease is still live with its
+   fencing token (``ledger.services.Fence``). A second claimer, or a worker
+   whose task was taken over while it was paused, changes nothing.
+2. Check, then send: right before the request leaves, the worker checks its
+   fence again and that it is still within ``SEND_WINDOW`` of its claim on
+   its own clock; a worker that finds either gone sends nothing. The
+   connector is called outside any transaction, with a timeout.
 3. Record: ``succeeded`` / ``failed`` on a definite answer, ``unknown``
-   otherwise. An unknown action is never sent again until the reconciler has
-   looked it up and found it absent.
-A process that dies between 1 and 3 leaves the action ``dispatching``: in doubt,
-and settled by the reconciler exactly like ``unknown``.
+   otherwise — guarded by the claim's send count and the lease token, so an
+   answer never settles a later send. An unknown action is never sent again
+   until the reconciler has looked it up and found it absent.
+A process that dies (or freezes) between 1 and 3 leaves the action
+``dispatching``: in doubt, and settled by the reconciler exactly like ``unknown``.
 """
 
 from __future__ import annotations
 
 import logging
-
-from django.db import transaction
+import time
+from dataclasses import dataclass
 
 from ledger import connectors
 from ledger.connectors.base import OutcomeUnknown, Rejected
 from ledger.models import SENDABLE, Action, DispatchState
-from ledger.services import action_move
+from ledger.services import Fence, action_move
 from tasks import chaos
+from tasks.exceptions import LeaseLost
+from tasks.leases import Held
+from tasks.models import Lease
 
 log = logging.getLogger(__name__)
+# The longest a worker may take from its claim to starting the send. The
+# reconciler trusts "absent" only CONNECTOR_MAX_IN_FLIGHT after the claim, which
+# must exceed this plus the connector's timeout plus the system's own latency.
+SEND_WINDOW = 2.0
 
 
-def claim(action_id: int) -> Action | None:
-    """Take a sendable action for this process, or None if it is not sendable or taken."""
-    with transaction.atomic():
-        action = (
-            Action.objects.select_for_update(skip_locked=True)
-            .filter(pk=action_id, dispatch_state__in=SENDABLE)
-            .first()
-        )
-        if action is None or not action_move(action.pk, action.dispatch_state, DispatchState.DISPATCHING):
-            return None
-    return Action.objects.get(pk=action_id)
+@dataclass(frozen=True)
+class Claimed:
+    """A send this worker may make: the row as claimed, and when (monotonic clock)."""
+
+    action: Action
+    lease: Held
+    at: float
 
 
-def send(action: Action) -> Action:
-    """Call the connector for a claimed (``dispatching``) action and record the answer."""
+def _lost(lease: Held, why: str) -> LeaseLost:
+    return LeaseLost(f"lease #{lease.token} on task {lease.task_id} is no longer held: {why}")
+
+
+def claim(action_id: int, *, lease: Held) -> Claimed | None:
+    """Take a sendable action for the holder of ``lease``; None if it is not sendable (any more).
+
+    Raises ``LeaseLost`` when the action is still sendable but the lease is
+    not held: the worker has lost its task and must stop.
+    """
+    action = Action.objects.get(pk=action_id)
+    if action.dispatch_state not in SENDABLE:
+        return None
+    chaos.before_claim(action)
+    moved = action_move(
+        action.pk,
+        action.dispatch_state,
+        DispatchState.DISPATCHING,
+        attempts=action.attempts,
+        fence=Fence(lease),
+    )
+    if not moved:
+        unchanged = Action.objects.filter(
+            pk=action.pk, dispatch_state=action.dispatch_state, attempts=action.attempts
+        ).exists()
+        if unchanged:
+            raise _lost(lease, "cannot claim the send")
+        return None
+    return Claimed(Action.objects.get(pk=action_id), lease, time.monotonic())
+
+
+def _may_still_send(claimed: Claimed) -> str:
+    """Why this worker must not send now ("" when it may)."""
+    if time.monotonic() - claimed.at > SEND_WINDOW:
+        return f"more than {SEND_WINDOW}s passed since the claim"
+    lease = claimed.lease
+    if not Lease.objects.filter(task_id=lease.task_id, token=lease.token, worker_id=lease.worker_id).exists():
+        return "the task was taken over"
+    return ""
+
+
+def send(claimed: Claimed) -> Action:
+    """Call the connector for a claimed (``dispatching``) action and record the answer.
+
+    Raises ``LeaseLost``, sending nothing, when the fence is gone or the send
+    window has passed (the action stays ``dispatching``, for the reconciler).
+    """
+    action = claimed.action
+    chaos.before_send(action)
+    why_not = _may_still_send(claimed)
+    if why_not:
+        log.warning("not sending", extra={"action": action.idempotency_key, "why": why_not})
+        raise _lost(claimed.lease, why_not)
     connector = connectors.get(action.connector)
     try:
         outcome = connector.dispatch(action.idempotency_key, dict(action.effect))
@@ -63,16 +122,27 @@ def send(action: Action) -> Action:
             "outcome": {"status": outcome.status, "record_version": outcome.record_version, **outcome.detail},
             "duplicates_suppressed": action.duplicates_suppressed + int(outcome.replayed),
         }
-    if not action_move(action.pk, DispatchState.DISPATCHING, target, **fields):
-        # Settled meanwhile by a reconciler that asked the system itself; its record stands.
+    # Not live: an answer that took longer than the lease is still ours to record
+    # as long as nobody claimed the task since (the token is unchanged).
+    recorded = action_move(
+        action.pk,
+        DispatchState.DISPATCHING,
+        target,
+        attempts=action.attempts,
+        fence=Fence(claimed.lease, live=False),
+        **fields,
+    )
+    if not recorded:
+        # Settled meanwhile by a reconciler that asked the system itself, or the
+        # task changed hands: the record made by others stands.
         log.warning(
-            "answer arrived after the action was settled",
+            "answer arrived after the action was settled or the task taken over",
             extra={"action": action.idempotency_key, "answer": target},
         )
     return Action.objects.get(pk=action.pk)
 
 
-def claim_and_send(action_id: int) -> Action:
-    """Send the action if this process can claim it; either way return its current row."""
-    claimed = claim(action_id)
+def claim_and_send(action_id: int, *, lease: Held) -> Action:
+    """Send the action if this worker can claim it; either way return its current row."""
+    claimed = claim(action_id, lease=lease)
     return send(claimed) if claimed is not None else Action.objects.get(pk=action_id)

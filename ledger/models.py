@@ -41,8 +41,11 @@ DISPATCH_MOVES: dict[str, frozenset[str]] = {
     DispatchState.UNKNOWN: frozenset(
         {DispatchState.RECONCILED_SUCCEEDED, DispatchState.RECONCILED_FAILED, DispatchState.RECONCILED_ABSENT}
     ),
-    # absent after a lookup: safe to send again, with the same key
-    DispatchState.RECONCILED_ABSENT: frozenset({DispatchState.DISPATCHING}),
+    # absent after a lookup made once the send could no longer land: safe to send
+    # again with the same key; or found after all by a later lookup (a late landing)
+    DispatchState.RECONCILED_ABSENT: frozenset(
+        {DispatchState.DISPATCHING, DispatchState.RECONCILED_SUCCEEDED, DispatchState.RECONCILED_FAILED}
+    ),
 }
 SETTLED_OK = frozenset({DispatchState.SUCCEEDED, DispatchState.RECONCILED_SUCCEEDED})
 SETTLED_FAILED = frozenset({DispatchState.FAILED, DispatchState.RECONCILED_FAILED})
@@ -70,6 +73,11 @@ class Action(models.Model):
     duplicates_suppressed = models.PositiveIntegerField(default=0)
     unknown_since = models.DateTimeField(null=True, blank=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
+    # When the latest send was claimed: until CONNECTOR_MAX_IN_FLIGHT after it, the
+    # request may still land, so "not found" does not yet mean absent.
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    # When the reconciler last asked the authoritative system about this action.
+    checked_at = models.DateTimeField(null=True, blank=True)
     compensation_of = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="compensations"
     )
@@ -89,6 +97,12 @@ class Action(models.Model):
                 fields=["task", "unknown_since"],
                 condition=Q(dispatch_state__in=["dispatching", "unknown"]),
                 name="action_in_doubt",
+            ),
+            # The reconciler's late-landing check: effects found absent, recently.
+            models.Index(
+                fields=["resolved_at"],
+                condition=Q(dispatch_state="reconciled_absent"),
+                name="action_absent",
             ),
         ]
 

@@ -1,69 +1,104 @@
 """Comparing the ledger with the world: settle actions whose outcome is in doubt.
 
 For each ``unknown`` (or crash-interrupted ``dispatching``) action the
-connector's authoritative ``lookup(key)`` decides: found succeeded ->
-``reconciled_succeeded``; found failed -> ``reconciled_failed``; absent ->
-``reconciled_absent`` (only now may the same key be sent again). A system
-that cannot answer leaves the action in doubt; past
-``UNKNOWN_OUTCOME_ESCALATE_AFTER`` the task is escalated to an operator.
+connector's authoritative ``lookup(key)`` decides:
+
+- found succeeded -> ``reconciled_succeeded``; found failed -> ``reconciled_failed``;
+- not found -> ``reconciled_absent``, but only when the lookup was made after
+  the send could no longer land (``CONNECTOR_MAX_IN_FLIGHT`` after its claim).
+  Earlier, "not found" only means "not yet": the action stays in doubt. Only an
+  absent action may be sent again, with the same key, and only after a backoff
+  (the task waits in ``waiting_retry``); after ``LEDGER_MAX_SENDS`` sends the
+  task is quarantined and escalated instead of sending again.
+- a system that cannot answer leaves the action in doubt; past
+  ``UNKNOWN_OUTCOME_ESCALATE_AFTER`` the task is escalated to an operator.
+
+Effects found absent for tasks that have ended are asked about again for a
+while (``LATE_EFFECT_WINDOW``): one that landed after all is recorded and the
+task's report amended by an audited transition.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import random
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from uuid import UUID
 
 from django.conf import settings
 from django.db import DatabaseError
+from django.db.models import Q
 from django.utils import timezone
 
 from ledger import connectors
-from ledger.connectors.base import OutcomeUnknown
+from ledger.connectors.base import Outcome, OutcomeUnknown
 from ledger.models import IN_DOUBT, Action, DispatchState
 from ledger.services import action_move
 from tasks import chaos
 from tasks import services as task_services
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import Task
-from tasks.states import State, Trigger
+from tasks.states import TERMINAL, State, Trigger
 from tasks.transitions import Actor, advance
 
 log = logging.getLogger(__name__)
 BATCH = 200
+RECONCILER = Actor.system("reconciler")
 
 
-def reconcile_action(action: Action) -> Action:
-    """Ask the authoritative system about one in-doubt action and record the answer.
+def _seconds(name: str) -> timedelta:
+    return timedelta(seconds=getattr(settings, name))
 
-    A ``dispatching`` action younger than a send can take may still be on the
-    wire: asking now could find it absent just before it lands, so it is left
-    for a later round.
+
+def _found(found: Outcome) -> tuple[str, dict]:
+    target = (
+        DispatchState.RECONCILED_SUCCEEDED if found.status == "succeeded" else DispatchState.RECONCILED_FAILED
+    )
+    fields = {
+        "external_ref": found.external_ref,
+        "outcome": {"status": found.status, "record_version": found.record_version, **found.detail},
+    }
+    return target, fields
+
+
+def lands_by(action: Action) -> datetime:
+    """The moment after which the action's latest send can no longer land."""
+    sent = action.dispatched_at or action.unknown_since or action.updated_at
+    return sent + _seconds("CONNECTOR_MAX_IN_FLIGHT")
+
+
+def reconcile_action(action: Action, *, force: bool = False) -> Action:
+    """Ask the authoritative system about one in-doubt action and record what is known.
+
+    Asks at most every ``LEDGER_LOOKUP_INTERVAL`` per action unless ``force``.
+    Every write is guarded by the send count seen, so an answer about one send
+    never settles the next.
     """
     if action.dispatch_state not in IN_DOUBT:
         return action
-    in_flight = timedelta(seconds=2 * settings.CONNECTOR_TIMEOUT + 1)
-    if action.dispatch_state == DispatchState.DISPATCHING and timezone.now() - action.updated_at < in_flight:
+    asked_at = timezone.now()
+    if not force and action.checked_at and asked_at - action.checked_at < _seconds("LEDGER_LOOKUP_INTERVAL"):
         return action
+    guard = {"pk": action.pk, "dispatch_state": action.dispatch_state, "attempts": action.attempts}
     try:
         found = connectors.get(action.connector).lookup(action.idempotency_key)
     except OutcomeUnknown as exc:
-        Action.objects.filter(pk=action.pk).update(last_error=str(exc)[:2000])
+        Action.objects.filter(**guard).update(last_error=str(exc)[:2000], checked_at=asked_at)
         return Action.objects.get(pk=action.pk)
     if found is None:
+        landing = lands_by(action)
+        if asked_at < landing:
+            note = f"not found yet; trusted as absent from {landing:%Y-%m-%d %H:%M:%S} UTC"
+            Action.objects.filter(**guard).update(last_error=note, checked_at=asked_at)
+            return Action.objects.get(pk=action.pk)
         target, fields = DispatchState.RECONCILED_ABSENT, {}
     else:
-        target = (
-            DispatchState.RECONCILED_SUCCEEDED
-            if found.status == "succeeded"
-            else DispatchState.RECONCILED_FAILED
-        )
-        fields = {
-            "external_ref": found.external_ref,
-            "outcome": {"status": found.status, "record_version": found.record_version, **found.detail},
-        }
-    action_move(action.pk, action.dispatch_state, target, **fields)
+        target, fields = _found(found)
+    action_move(
+        action.pk, action.dispatch_state, target, attempts=action.attempts, checked_at=asked_at, **fields
+    )
     return Action.objects.get(pk=action.pk)
 
 
@@ -78,16 +113,32 @@ class Reconciled:
         return self.task.state != State.OUTCOME_UNKNOWN
 
 
-def reconcile_task(task_id: UUID | str, *, actor: Actor) -> Reconciled:
+def resend_backoff(sends: int, *, rng: random.Random | None = None) -> timedelta:
+    """How long to wait before send number ``sends + 1``: doubling, capped, with jitter.
+
+    The jitter (between half and all of the delay) keeps many tasks that failed
+    together from resending together.
+    """
+    base = settings.LEDGER_RESEND_BACKOFF * 2 ** max(sends - 1, 0)
+    delay = min(base, settings.LEDGER_RESEND_BACKOFF_MAX)
+    return timedelta(seconds=delay * (rng or random).uniform(0.5, 1.0))
+
+
+def reconcile_task(task_id: UUID | str, *, actor: Actor, force: bool = False) -> Reconciled:
     """Settle a task's in-doubt actions; if none is left, move it on from ``outcome_unknown``.
 
-    The task returns to ``ready`` at the step that dispatched (a new
-    checkpoint, "after reconcile"), where the engine reads the settled action:
-    done, failed, or absent and so safe to send again with the same key.
+    - every effect settled as done or failed: back to ``ready`` at the step that
+      dispatched (a new checkpoint, "after reconcile"), where the engine reads it;
+    - an effect absent: ``waiting_retry`` until its backoff ends, then sent
+      again with the same key; after ``LEDGER_MAX_SENDS`` sends, ``quarantined``
+      and escalated to an operator instead.
     Raises ``StaleVersion`` if the task moved meanwhile.
     """
     task = Task.objects.get(pk=task_id)
-    looked = [reconcile_action(a) for a in Action.objects.filter(task=task, dispatch_state__in=IN_DOUBT)]
+    looked = [
+        reconcile_action(a, force=force)
+        for a in Action.objects.filter(task=task, dispatch_state__in=IN_DOUBT)
+    ]
     settled = [f"{a.idempotency_key}: {a.dispatch_state}" for a in looked]
     still_unknown = sum(a.dispatch_state in IN_DOUBT for a in looked)
     if task.state != State.OUTCOME_UNKNOWN:
@@ -98,24 +149,58 @@ def reconcile_task(task_id: UUID | str, *, actor: Actor) -> Reconciled:
     point = task_services.task_resume_point(task.id, actor=actor)
     if point.quarantined:  # an unreadable checkpoint: nothing resumes from a guess
         return Reconciled(point.task, settled, 0)
-    task = advance(
-        task.id,
-        task.state_version,
-        State.READY,
-        actor=actor,
-        trigger=Trigger.RECONCILED,
-        reason="; ".join(settled) or "nothing in doubt",
-        reason_code="reconciled",
-        progress=point.checkpoint.progress,
-    )
+    absent = list(Action.objects.filter(task=task, dispatch_state=DispatchState.RECONCILED_ABSENT))
+    common = {"actor": actor, "progress": point.checkpoint.progress}
+    if absent:
+        task = _schedule_resend(task, absent, settled, common)
+    else:
+        task = advance(
+            task.id,
+            task.state_version,
+            State.READY,
+            trigger=Trigger.RECONCILED,
+            reason="; ".join(settled) or "nothing in doubt",
+            reason_code="reconciled",
+            **common,
+        )
     chaos.after_reconcile(task)
     task_services.ring_if_runnable(task)
     return Reconciled(task, settled, 0)
 
 
+def _schedule_resend(task: Task, absent: list[Action], settled: list[str], common: dict) -> Task:
+    sends = max(a.attempts for a in absent)
+    keys = ", ".join(a.idempotency_key for a in absent)
+    if sends >= settings.LEDGER_MAX_SENDS:
+        why = f"{keys} not performed after {sends} sends; check the system before releasing"
+        return advance(
+            task.id,
+            task.state_version,
+            State.QUARANTINED,
+            trigger=Trigger.QUARANTINE,
+            reason=why,
+            reason_code="resend_limit_reached",
+            escalation_level=max(task.escalation_level, 1),
+            escalated_to=task.escalated_to or "operator",
+            escalation_reason=why,
+            **common,
+        )
+    wait = resend_backoff(sends)
+    return advance(
+        task.id,
+        task.state_version,
+        State.WAITING_RETRY,
+        trigger=Trigger.RESEND_BACKOFF,
+        reason=f"{'; '.join(settled) or keys}; send {sends + 1} in {wait.total_seconds():.1f}s",
+        reason_code="effect_absent",
+        wait_deadline=timezone.now() + wait,
+        **common,
+    )
+
+
 def _escalate_if_overdue(task: Task, looked: list[Action]) -> None:
     oldest = min((a.unknown_since or a.updated_at) for a in looked if a.dispatch_state in IN_DOUBT)
-    overdue = timezone.now() - oldest > timedelta(seconds=settings.UNKNOWN_OUTCOME_ESCALATE_AFTER)
+    overdue = timezone.now() - oldest > _seconds("UNKNOWN_OUTCOME_ESCALATE_AFTER")
     if not overdue or task.escalation_level > 0:
         return
     try:
@@ -123,7 +208,7 @@ def _escalate_if_overdue(task: Task, looked: list[Action]) -> None:
             task.id,
             task.state_version,
             task.state,
-            actor=Actor.system("reconciler"),
+            actor=RECONCILER,
             trigger=Trigger.ESCALATE,
             reason=f"outcome unknown since {oldest:%Y-%m-%d %H:%M:%S} UTC",
             reason_code="unknown_outcome_overdue",
@@ -135,9 +220,88 @@ def _escalate_if_overdue(task: Task, looked: list[Action]) -> None:
         pass
 
 
+def _settle_late(action: Action, target: str, fields: dict, checked_at: datetime) -> None:
+    """Inside the amending transition: the action moves with the report, or neither does."""
+    if not action_move(
+        action.pk,
+        DispatchState.RECONCILED_ABSENT,
+        target,
+        attempts=action.attempts,
+        checked_at=checked_at,
+        **fields,
+    ):
+        raise StaleVersion(f"{action.idempotency_key} moved while its late landing was being recorded")
+
+
+def _amend_report(action: Action, target: str, fields: dict, checked_at: datetime) -> None:
+    """Record an effect that landed after its task ended, and list it in the task's report."""
+    task = Task.objects.get(pk=action.task_id)
+    found = {
+        "action": action.idempotency_key,
+        "connector": action.connector,
+        "external_ref": fields["external_ref"],
+        "step": action.step,
+    }
+    outcome = dict(task.outcome or {})
+    outcome["late_effects"] = [
+        *outcome.get("late_effects", []),
+        {**found, "found_at": checked_at.isoformat()},
+    ]
+    if "effects_not_undone" in outcome:  # a cancel's report: the effect stays done
+        outcome["effects_not_undone"] = [*outcome["effects_not_undone"], found]
+    advance(
+        task.id,
+        task.state_version,
+        task.state,
+        actor=RECONCILER,
+        trigger=Trigger.LATE_EFFECT_FOUND,
+        reason=(
+            f"{action.connector} performed {action.idempotency_key} after it was found absent "
+            f"and the task ended ({task.state}); the report now lists it"
+        ),
+        reason_code="late_effect_found",
+        outcome=outcome,
+        also=(functools.partial(_settle_late, action, target, fields, checked_at),),
+    )
+
+
+def recheck_absent(*, limit: int = BATCH) -> int:
+    """Ask again about effects found absent for tasks that have ended; return how many landed late."""
+    now = timezone.now()
+    due = (
+        Action.objects.filter(
+            dispatch_state=DispatchState.RECONCILED_ABSENT,
+            resolved_at__gte=now - _seconds("LATE_EFFECT_WINDOW"),
+            task__state__in=TERMINAL,
+        )
+        .filter(Q(checked_at__isnull=True) | Q(checked_at__lte=now - _seconds("LATE_EFFECT_RECHECK_EVERY")))
+        .order_by("resolved_at")[:limit]
+    )
+    landed = 0
+    for action in due:
+        guard = {"pk": action.pk, "dispatch_state": action.dispatch_state, "attempts": action.attempts}
+        checked_at = timezone.now()
+        try:
+            found = connectors.get(action.connector).lookup(action.idempotency_key)
+        except OutcomeUnknown:
+            found = None
+        if found is None:
+            Action.objects.filter(**guard).update(checked_at=checked_at)
+            continue
+        target, fields = _found(found)
+        if target != DispatchState.RECONCILED_SUCCEEDED:  # recorded as failed: nothing was performed
+            action_move(action.pk, action.dispatch_state, target, attempts=action.attempts, **fields)
+            continue
+        try:
+            _amend_report(action, target, fields, checked_at)
+            landed += 1
+        except StaleVersion:
+            continue  # the task or the action moved; the next round looks again
+    return landed
+
+
 def reconcile_unknown(*, limit: int = BATCH) -> int:
-    """The periodic reconciler: every task in ``outcome_unknown``, oldest first."""
-    actor = Actor.system("reconciler")
+    """The periodic reconciler: every task in ``outcome_unknown``, oldest first; then late landings."""
     done = 0
     for task_id in (
         Task.objects.filter(state=State.OUTCOME_UNKNOWN)
@@ -145,11 +309,17 @@ def reconcile_unknown(*, limit: int = BATCH) -> int:
         .values_list("id", flat=True)[:limit]
     ):
         try:
-            done += reconcile_task(task_id, actor=actor).moved
+            done += reconcile_task(task_id, actor=RECONCILER).moved
         except StaleVersion:
             continue
         except DatabaseError:
             raise
         except Exception:  # one task's trouble must not stop the reconciler for all the others
             log.exception("reconciling a task failed", extra={"task_id": str(task_id)})
+    try:
+        recheck_absent(limit=limit)
+    except DatabaseError:
+        raise
+    except Exception:
+        log.exception("rechecking absent effects failed")
     return done

@@ -1,17 +1,55 @@
-"""The only writer of an action's dispatch state (after the intent was committed)."""
+"""The only writer of an action's dispatch state (after the intent was committed).
+
+Every write is one guarded UPDATE. Two guards may ride on it besides the
+source state:
+
+- ``attempts``: the send count the writer saw. Each claim bumps it, so an
+  answer about an earlier send (a slow worker, a slow lookup) can never
+  settle a later one that happens to be in the same state (no ABA).
+- ``fence``: the lease of the worker writing on the task's behalf. The row
+  changes only while that lease is still the task's lease — the same fencing
+  token the transition primitive checks — so a worker that was paused while
+  another took its task over cannot claim, send or record anything.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import F
+from django.db.models import Exists, F
 from django.utils import timezone
 
 from ledger.models import DISPATCH_MOVES, Action, DispatchState
+from tasks.leases import Held
+from tasks.models import Lease
 
 
-def action_move(action_id: int, source: str, target: str, **fields: Any) -> bool:
-    """Compare-and-set ``dispatch_state`` from ``source`` to ``target``; False if it moved meanwhile.
+@dataclass(frozen=True)
+class Fence:
+    """``lease`` must still be the task's lease; ``live``: and not yet expired."""
+
+    lease: Held
+    live: bool = True
+
+    def holds(self, now) -> Exists:
+        rows = Lease.objects.filter(
+            task_id=self.lease.task_id, token=self.lease.token, worker_id=self.lease.worker_id
+        )
+        return Exists(rows.filter(expires_at__gt=now) if self.live else rows)
+
+
+def action_move(
+    action_id: int,
+    source: str,
+    target: str,
+    *,
+    attempts: int | None = None,
+    fence: Fence | None = None,
+    **fields: Any,
+) -> bool:
+    """Compare-and-set ``dispatch_state`` from ``source`` to ``target``; False if it moved meanwhile
+    (or, with ``attempts``, was sent again since; or, with ``fence``, the lease is no longer held).
 
     Raises ``ValueError`` for a move the ledger's table does not allow.
     """
@@ -20,11 +58,14 @@ def action_move(action_id: int, source: str, target: str, **fields: Any) -> bool
     now = timezone.now()
     if target == DispatchState.DISPATCHING:
         fields["attempts"] = F("attempts") + 1
+        fields.setdefault("dispatched_at", now)
     if target == DispatchState.UNKNOWN:
         fields.setdefault("unknown_since", now)
     if target not in (DispatchState.DISPATCHING, DispatchState.UNKNOWN):
         fields.setdefault("resolved_at", now)
-    updated = Action.objects.filter(pk=action_id, dispatch_state=source).update(
-        dispatch_state=target, updated_at=now, **fields
-    )
-    return updated == 1
+    rows = Action.objects.filter(pk=action_id, dispatch_state=source)
+    if attempts is not None:
+        rows = rows.filter(attempts=attempts)
+    if fence is not None:
+        rows = rows.filter(fence.holds(now))
+    return rows.update(dispatch_state=target, updated_at=now, **fields) == 1

@@ -34,6 +34,9 @@ class Effect(models.Model):
     status = models.CharField(max_length=16, default="succeeded")
     record_version = models.PositiveIntegerField(default=1)
     request = models.JSONField(default=dict)
+    # How many requests arrived with this key (replays included): tests use it to
+    # prove a fenced-off worker sent nothing, whatever the system's deduplication hid.
+    deliveries = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

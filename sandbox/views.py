@@ -17,6 +17,7 @@ import json
 import time
 
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
@@ -43,6 +44,7 @@ def _effect_json(effect: Effect) -> dict:
         "status": effect.status,
         "record_version": effect.record_version,
         "request": effect.request,
+        "deliveries": effect.deliveries,
         "created_at": effect.created_at.isoformat(),
     }
 
@@ -89,6 +91,7 @@ def effects(request: HttpRequest, system: str) -> JsonResponse:
     # A key seen before gets its first result, whatever else this call was meant to suffer.
     existing = Effect.objects.filter(system=system, idempotency_key=key).first()
     if existing is not None:
+        Effect.objects.filter(pk=existing.pk).update(deliveries=F("deliveries") + 1)
         return JsonResponse(_effect_json(existing), status=200)
     if kind == "error":
         return JsonResponse({"detail": "injected error: nothing was done"}, status=503)
@@ -98,6 +101,7 @@ def effects(request: HttpRequest, system: str) -> JsonResponse:
         with transaction.atomic():
             effect = Effect.objects.create(system=system, idempotency_key=key, request=body)
     except IntegrityError:
+        Effect.objects.filter(system=system, idempotency_key=key).update(deliveries=F("deliveries") + 1)
         return JsonResponse(_effect_json(Effect.objects.get(system=system, idempotency_key=key)), status=200)
     if kind == "timeout":
         time.sleep(params.get("seconds", HANG_SECONDS))  # committed; the caller gives up first

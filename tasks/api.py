@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import (
@@ -22,10 +23,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from approvals.models import ApprovalRequest, ApprovalStatus
-from audit.chain import HASHED_FIELDS
-from audit.models import TransitionEvent
+from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS
+from audit.models import LeaseTakeover, TransitionEvent
 from ledger.models import Action
-from tasks import checkpoints, registry, selectors, services
+from tasks import checkpoints, registry, selectors, services, values
 from tasks.models import Checkpoint, Lease, Task
 from tasks.states import ActorKind, State
 from tasks.transitions import Actor
@@ -33,20 +34,17 @@ from tenancy.models import Role
 from tenancy.selectors import tenant_ids_for, tenants_for
 
 MAX_VERSION = 2**31 - 1
+TAKEOVERS_SHOWN = 5  # newest lease takeovers in a task's detail
 CREATE_ROLES = (Role.OPERATOR, Role.ADMIN)
 
 
-def _no_nul(value: Any, where: str = "input") -> None:
-    """PostgreSQL text and jsonb cannot hold NUL; refuse it as bad input, not a 500."""
-    if isinstance(value, str) and "\x00" in value:
-        raise serializers.ValidationError(f"{where}: NUL characters are not allowed")
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _no_nul(key, where)
-            _no_nul(item, f"{where}.{key}")
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            _no_nul(item, f"{where}[{index}]")
+def _storable(value: Any, where: str = "input") -> None:
+    """A value PostgreSQL cannot hold (NUL, lone surrogate, NaN, in a key or a value) is bad
+    input: a 400 naming where it sits, never a 500 from the database (``tasks.values``)."""
+    try:
+        values.check(value, where)
+    except values.Unstorable as exc:
+        raise serializers.ValidationError(str(exc)) from None
 
 
 class Pages(CursorPagination):
@@ -146,12 +144,27 @@ class TaskDetail(TaskSummary):
         lease = Lease.objects.filter(task=task).first()
         if lease is None:
             return None
+        takeovers = LeaseTakeover.objects.filter(task=task).order_by("-taken_at")[:TAKEOVERS_SHOWN]
         return {
             "worker_id": lease.worker_id,
             "token": lease.token,
             "heartbeat_at": lease.heartbeat_at,
             "expires_at": lease.expires_at,
             "live": lease.expires_at > timezone.now(),
+            # Newest first: leases reclaimed from workers that stopped heartbeating.
+            "takeovers": [
+                {
+                    "worker_id": t.worker_id,
+                    "token": t.token,
+                    "previous_worker_id": t.previous_worker_id,
+                    "stale_token": t.stale_token,
+                    "previous_heartbeat_at": t.previous_heartbeat_at,
+                    "previous_expires_at": t.previous_expires_at,
+                    "taken_at": t.taken_at,
+                    "heartbeat_age_seconds": (t.taken_at - t.previous_heartbeat_at).total_seconds(),
+                }
+                for t in takeovers
+            ],
         }
 
     def get_pending_approvals(self, task: Task) -> list[dict[str, Any]]:
@@ -183,6 +196,7 @@ class EventOut(serializers.ModelSerializer):
         model = TransitionEvent
         # Every hashed field (so an auditor can recompute the chain), bar the task's own ids.
         fields = [name for name in HASHED_FIELDS if name not in ("task_id", "tenant_id")] + [
+            *OPTIONAL_HASHED_FIELDS,
             "prev_hash",
             "hash",
         ]
@@ -195,14 +209,16 @@ class CheckpointOut(serializers.ModelSerializer):
 
     class Meta:
         model = Checkpoint
-        fields = ["state_version", "schema_version", "codec", "created_at", "readable", "document"]
+        fields = ["state_version", "schema_version", "codec", "digest", "created_at", "readable", "document"]
         read_only_fields = fields
 
     def _decoded(self, row: Checkpoint) -> dict[str, Any]:
         cache = self.__dict__.setdefault("_decoded_rows", {})
         if row.pk not in cache:
             try:
-                document = checkpoints.decode(row.body, row.schema_version).model_dump(mode="json")
+                # recorded_digest: annotated by TaskCheckpointsApi from the row's audit event.
+                document = checkpoints.decode_stored(row, recorded_digest=row.recorded_digest)
+                document = document.model_dump(mode="json")
                 cache[row.pk] = {"ok": True, "document": document}
             except checkpoints.CheckpointUnreadable as exc:
                 cache[row.pk] = {"ok": False, "document": {"reason": exc.reason, "detail": exc.detail}}
@@ -229,6 +245,12 @@ class ActionOut(serializers.ModelSerializer):
             "outcome",
             "external_ref",
             "attempts",
+            "last_error",
+            "duplicates_suppressed",
+            "dispatched_at",
+            "unknown_since",
+            "checked_at",
+            "resolved_at",
             "compensation_of",
             "created_at",
             "updated_at",
@@ -266,7 +288,7 @@ class TaskCollectionApi(APIView):
         def validate_input(self, value: Any) -> dict[str, Any]:
             if not isinstance(value, dict):
                 raise serializers.ValidationError("Expected a JSON object.")
-            _no_nul(value)
+            _storable(value)
             return value
 
     @extend_schema(
@@ -361,10 +383,13 @@ class _TaskHistoryApi(APIView):
     output: type[serializers.Serializer] = EventOut
     pages: type[Pages] = ByVersion
 
+    def rows(self, task: Task) -> QuerySet:
+        return self.model.objects.filter(task=task)
+
     def get(self, request: Request, task_id) -> Response:
         task = selectors.get_visible_task(request.user, task_id)
         pages = self.pages()
-        page = pages.paginate_queryset(self.model.objects.filter(task=task), request, view=self)
+        page = pages.paginate_queryset(self.rows(task), request, view=self)
         return pages.get_paginated_response(self.output(page, many=True).data)
 
 
@@ -388,6 +413,13 @@ class TaskEventsApi(_TaskHistoryApi):
 )
 class TaskCheckpointsApi(_TaskHistoryApi):
     model, output = Checkpoint, CheckpointOut
+
+    def rows(self, task: Task) -> QuerySet:
+        # Each row with the digest its audit event recorded, which decoding checks it against.
+        recorded = TransitionEvent.objects.filter(
+            task_id=OuterRef("task_id"), state_version=OuterRef("state_version")
+        ).values("checkpoint_digest")[:1]
+        return super().rows(task).annotate(recorded_digest=Subquery(recorded))
 
 
 @extend_schema_view(
@@ -413,7 +445,7 @@ class TaskControlApi(APIView):
         escalate_to = serializers.ChoiceField(choices=services.ESCALATION_ROLES, default="admin")
 
         def validate_reason(self, value: str) -> str:
-            _no_nul(value, "reason")
+            _storable(value, "reason")
             return value
 
     class ControlOutput(serializers.Serializer):
@@ -508,7 +540,7 @@ class TaskInputApi(APIView):
                 )
             if isinstance(answer, int) and not isinstance(answer, bool) and abs(answer) > 2**53:
                 raise serializers.ValidationError("answer is too large a number.")
-            _no_nul(value, "payload")
+            _storable(value, "payload")
             return value
 
     @extend_schema(
@@ -541,7 +573,7 @@ class TaskExternalEventApi(APIView):
         def validate_payload(self, value: Any) -> dict[str, Any]:
             if not isinstance(value, dict):
                 raise serializers.ValidationError("Expected a JSON object.")
-            _no_nul(value, "payload")
+            _storable(value, "payload")
             return value
 
     @extend_schema(

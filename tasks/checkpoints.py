@@ -7,18 +7,27 @@ machine-readable reason (which quarantines the task).
 
 Encoding: canonical JSON (sorted keys, no whitespace) under the codec name
 ``json/v1``. ``CURRENT_SCHEMA`` is the only version the code writes.
+
+Integrity: every stored body carries its SHA-256 ``digest``, and the audit event
+of the transition that wrote it records the same digest inside its chain hash.
+``decode_stored`` checks size, codec and digest before parsing a byte, and the
+``schema_version`` column against the body after, so a body edited outside the
+application is refused (and its task quarantined), never resumed from.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
+from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tasks import values
 from tasks.states import State
 
 CURRENT_SCHEMA = 2
@@ -29,10 +38,15 @@ MAX_FACT_LENGTH = 2000
 
 
 def as_fact(value: Any) -> Scalar:
-    """An outside value (a record field, an event payload) as an accepted fact: a scalar, text bounded."""
-    if value is None or isinstance(value, bool | int | float):
-        return value
-    return str(value)[:MAX_FACT_LENGTH]
+    """An outside value (a record field, an event payload) as an accepted fact: a scalar, text bounded.
+
+    Raises ``values.Unstorable`` for a value no column can hold (a NUL, a lone
+    surrogate, NaN): the caller decides what refusing it means for its source.
+    A non-scalar becomes its ``repr``, which escapes such characters itself.
+    """
+    fact = value if value is None or isinstance(value, bool | int | float) else str(value)[:MAX_FACT_LENGTH]
+    values.check(fact, "")
+    return fact
 
 
 class _Strict(BaseModel):
@@ -127,6 +141,11 @@ class CheckpointUnreadable(Exception):
     SCHEMA_NEWER = "checkpoint_schema_newer"
     CORRUPT = "checkpoint_corrupt"
     UNMIGRATABLE = "checkpoint_unmigratable"
+    # Integrity: the stored row is not what the transition wrote, or not what this code reads.
+    DIGEST_MISMATCH = "checkpoint_digest_mismatch"
+    CODEC_MISMATCH = "checkpoint_codec_mismatch"
+    SCHEMA_MISMATCH = "checkpoint_schema_mismatch"
+    TOO_LARGE = "checkpoint_too_large"
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -151,12 +170,72 @@ def encode(checkpoint: Checkpoint) -> str:
     return json.dumps(checkpoint.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
 
+def digest(body: str) -> str:
+    """SHA-256 (hex) of a stored body, as the checkpoint row and its audit event record it."""
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+def max_bytes() -> int:
+    """Largest stored body a worker writes or loads (``CHECKPOINT_MAX_BYTES``)."""
+    return settings.CHECKPOINT_MAX_BYTES
+
+
+def verify_stored(body: str, *, codec: str, stored_digest: str, recorded_digest: str | None) -> None:
+    """Refuse a stored body before parsing it.
+
+    ``stored_digest`` is the row's digest, ``recorded_digest`` the one the audit
+    event of the same version recorded (None: no such event). A row and event
+    both without a digest were written before digests existed and pass.
+    Raises ``CheckpointUnreadable`` with reason ``checkpoint_too_large``,
+    ``checkpoint_codec_mismatch`` or ``checkpoint_digest_mismatch``.
+    """
+    limit = max_bytes()
+    # Characters <= bytes: a body already too long in characters is not encoded to find out.
+    size = len(body) if len(body) > limit else len(body.encode())
+    if size > limit:
+        raise CheckpointUnreadable(CheckpointUnreadable.TOO_LARGE, f"{size} bytes, limit {limit}")
+    if codec != CODEC:
+        raise CheckpointUnreadable(
+            CheckpointUnreadable.CODEC_MISMATCH, f"stored as {codec!r}, this code reads {CODEC!r}"
+        )
+    if not stored_digest and not recorded_digest:
+        return  # written before checkpoints carried digests
+    if recorded_digest is None:
+        raise CheckpointUnreadable(
+            CheckpointUnreadable.DIGEST_MISMATCH, "no audit event records this checkpoint"
+        )
+    if stored_digest != recorded_digest:
+        raise CheckpointUnreadable(
+            CheckpointUnreadable.DIGEST_MISMATCH,
+            "the row's digest differs from the one its audit event recorded",
+        )
+    if digest(body) != stored_digest:
+        raise CheckpointUnreadable(
+            CheckpointUnreadable.DIGEST_MISMATCH, "the body does not match the digest it was written with"
+        )
+
+
+def decode_stored(row: Any, *, recorded_digest: str | None) -> Checkpoint:
+    """Verify, then decode, a stored ``tasks.models.Checkpoint`` row.
+
+    ``recorded_digest``: the ``checkpoint_digest`` of the row's audit event
+    (None when there is none). Raises ``CheckpointUnreadable`` with any reason
+    of ``verify_stored`` or ``decode``.
+    """
+    verify_stored(row.body, codec=row.codec, stored_digest=row.digest, recorded_digest=recorded_digest)
+    return decode(row.body, row.schema_version)
+
+
 def decode(body: str, schema_version: int | None = None) -> Checkpoint:
     """Parse, migrate to ``CURRENT_SCHEMA`` and validate a stored body.
 
+    ``schema_version`` is the row's column: it stands in for a body without
+    one, and must agree with a body that has one.
+
     Raises ``CheckpointUnreadable`` with reason ``checkpoint_schema_newer``
     (written by newer code), ``checkpoint_corrupt`` (not a valid document at
-    its own version) or ``checkpoint_unmigratable`` (no migration path, or a
+    its own version), ``checkpoint_schema_mismatch`` (the column and the body
+    disagree) or ``checkpoint_unmigratable`` (no migration path, or a
     migration step failed).
     """
     try:
@@ -168,6 +247,11 @@ def decode(body: str, schema_version: int | None = None) -> Checkpoint:
     version = document.get("schema_version", schema_version)
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
         raise CheckpointUnreadable(CheckpointUnreadable.CORRUPT, f"bad schema_version {version!r}")
+    if schema_version is not None and version != schema_version:
+        raise CheckpointUnreadable(
+            CheckpointUnreadable.SCHEMA_MISMATCH,
+            f"stored as schema {schema_version}, the body says {version}",
+        )
     if version > CURRENT_SCHEMA:
         raise CheckpointUnreadable(
             CheckpointUnreadable.SCHEMA_NEWER, f"schema {version} is newer than {CURRENT_SCHEMA}"

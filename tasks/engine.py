@@ -20,18 +20,24 @@ from approvals import services as approvals
 from approvals.models import ApprovalStatus
 from ledger import dispatch, reconcile
 from ledger.models import IN_DOUBT, SENDABLE, SETTLED_FAILED, SETTLED_OK, Action
-from tasks import evidence, registry, validation
-from tasks.checkpoints import MAX_FACT_LENGTH, Checkpoint, EvidenceRef, Progress, ToolCallRecord, as_fact
+from tasks import evidence, llm, registry, validation
+from tasks.checkpoints import Checkpoint, EvidenceRef, Progress, ToolCallRecord, as_fact
 from tasks.decisions import Decision, quarantine, retry_later
 from tasks.exceptions import StaleVersion
+from tasks.leases import Held
 from tasks.llm import Model, ModelUnavailable
 from tasks.models import ExternalEvent, Task
 from tasks.states import State, Trigger
 from tasks.transitions import ActionIntent
 
 
-def decide(task: Task, checkpoint: Checkpoint, *, model: Model, now: datetime) -> Decision | None:
-    """The next transition for ``task``, or None when nothing can be decided yet."""
+def decide(
+    task: Task, checkpoint: Checkpoint, *, model: Model, now: datetime, lease: Held | None = None
+) -> Decision | None:
+    """The next transition for ``task``, or None when nothing can be decided yet.
+
+    ``lease`` is the worker's: a dispatch step sends only under it (fenced).
+    """
     kind = registry.get(task.task_type)
     progress = checkpoint.progress
     if task.state == State.RESUME_VALIDATION:
@@ -50,7 +56,7 @@ def decide(task: Task, checkpoint: Checkpoint, *, model: Model, now: datetime) -
     step = kind.step(checkpoint.step)
     if step is None:
         return quarantine(progress, "unknown_step", f"step {checkpoint.step!r} is not part of {kind.name}")
-    return _run_step(task, kind, step, progress, model=model, now=now)
+    return _run_step(task, kind, step, progress, model=model, now=now, lease=lease)
 
 
 def _no_event_arrived(task_id, event_type: str) -> None:
@@ -79,13 +85,18 @@ def _run_step(
     *,
     model: Model,
     now: datetime,
-) -> Decision:
+    lease: Held | None = None,
+) -> Decision | None:
     facts = dict(progress.facts)
     match step:
         case registry.ReadEvidence():
             record_id = str(facts.get(step.record_from, ""))
             try:
                 record = evidence.fetch(step.system, record_id)
+                accepted = evidence.facts_from(record, step.facts)
+            except evidence.EvidenceUnstorable as exc:
+                # Not a retry: the record says the same next time. Hold the task until it is fixed.
+                return quarantine(progress, "evidence_unstorable", str(exc))
             except evidence.EvidenceUnavailable as exc:
                 return retry_later(task, kind, progress, now, code="evidence_unavailable", reason=str(exc))
             except evidence.EvidenceMissing as exc:
@@ -97,7 +108,7 @@ def _run_step(
                     reason_code="evidence_missing",
                     changes={"outcome": {"reason": "evidence_missing", "record": record_id}},
                 )
-            facts.update({fact: as_fact(record.data.get(name)) for name, fact in step.facts.items()})
+            facts.update(accepted)
             ref = EvidenceRef(
                 system=record.system,
                 record_id=record.record_id,
@@ -108,10 +119,14 @@ def _run_step(
             return _advance_to(progress, step.next, task, facts=facts, evidence=[*kept, ref])
         case registry.ModelTurn():
             try:
-                reply = model.complete(prompt_id=step.prompt_id, system=step.instructions, facts=facts)
+                reply = llm.accepted(
+                    model.complete(prompt_id=step.prompt_id, system=step.instructions, facts=facts)
+                )
             except ModelUnavailable as exc:
                 return retry_later(task, kind, progress, now, code="model_unavailable", reason=str(exc))
-            answer = reply.text.strip()[:MAX_FACT_LENGTH]
+            except llm.ModelOutputInvalid as exc:
+                return retry_later(task, kind, progress, now, code="model_output_invalid", reason=str(exc))
+            answer = reply.text
             facts[step.output] = answer
             facts[f"{step.output}_model"] = reply.model_id  # which model produced this advisory answer
             return _advance_to(progress, step.routes.get(answer) or step.next, task, facts=facts)
@@ -135,6 +150,7 @@ def _run_step(
                 .first()
             )
             if early is not None:
+                # Checked when it arrived (tasks.api) and stored as jsonb since: as_fact cannot refuse it.
                 facts[step.fact] = as_fact(early.payload.get(step.value))
                 return _advance_to(
                     progress,
@@ -154,7 +170,7 @@ def _run_step(
         case registry.RequestApproval():
             return _approval_gate(task, kind, step, progress, now)
         case registry.Dispatch():
-            return _dispatch(task, kind, step, progress, facts)
+            return _dispatch(task, kind, step, progress, facts, lease)
         case registry.Complete():
             outcome = {name: facts.get(name) for name in step.outcome}
             return Decision(State.COMPLETED, Trigger.COMPLETE, progress, changes={"outcome": outcome})
@@ -170,13 +186,19 @@ def _run_step(
 
 
 def _dispatch(
-    task: Task, kind: registry.TaskType, step: registry.Dispatch, progress: Progress, facts: dict[str, Any]
-) -> Decision:
+    task: Task,
+    kind: registry.TaskType,
+    step: registry.Dispatch,
+    progress: Progress,
+    facts: dict[str, Any],
+    lease: Held | None,
+) -> Decision | None:
     """One side effect: commit the intent, send it once, then record what the system said.
 
     Every branch is safe to reach again after a crash: the intent is found by
     its key, a sent action is never sent again while in doubt, and a settled
-    one is only recorded.
+    one is only recorded. The send is fenced by ``lease`` (``LeaseLost`` when
+    the task was taken over).
     """
     if any(call.step == step.name for call in progress.tool_calls):
         return _advance_to(progress, step.next, task)  # done before a refresh or replan brought us back
@@ -220,7 +242,11 @@ def _dispatch(
             f"{step.name}: the facts changed after {action.idempotency_key} was intended",
         )
     if action.dispatch_state in SENDABLE:
-        action = dispatch.claim_and_send(action.pk)
+        if lease is None:
+            raise ValueError("a side effect is sent only under a worker's lease")
+        action = dispatch.claim_and_send(action.pk, lease=lease)
+        if action.dispatch_state in SENDABLE:
+            return None  # moved back and forth under us: look again on the next claim, never call it unknown
     if action.dispatch_state in SETTLED_OK:
         call = ToolCallRecord(
             action_id=str(action.pk),

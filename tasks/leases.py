@@ -21,6 +21,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
+from audit.models import LeaseTakeover
 from tasks.models import Lease, Task
 from tasks.states import RUNNABLE
 
@@ -42,12 +43,16 @@ def live_lease_exists(now: datetime):
 
 
 def _take(task_id: UUID, worker_id: str, now: datetime, ttl: timedelta) -> Held | None:
-    """Inside a transaction holding the task row: take its lease if none is live."""
+    """Inside a transaction holding the task row: take its lease if none is live.
+
+    Taking a lease that lapsed in another worker's hands (it stopped
+    heartbeating; it did not release) writes a ``LeaseTakeover`` record in the
+    same transaction: who took it, from whom, and the token that went stale.
+    """
     expires = now + ttl
-    taken = Lease.objects.filter(task_id=task_id, expires_at__lte=now).update(
-        worker_id=worker_id, token=F("token") + 1, acquired_at=now, heartbeat_at=now, expires_at=expires
-    )
-    if not taken:
+    # Lock the lease row: the holder's heartbeat (an UPDATE) waits, then finds the token moved on.
+    previous = Lease.objects.select_for_update().filter(task_id=task_id).first()
+    if previous is None:
         try:
             with transaction.atomic():
                 Lease.objects.create(
@@ -59,9 +64,30 @@ def _take(task_id: UUID, worker_id: str, now: datetime, ttl: timedelta) -> Held 
                     expires_at=expires,
                 )
         except IntegrityError:
-            return None  # a live lease exists (or another claimer inserted first)
-    token = Lease.objects.filter(task_id=task_id).values_list("token", flat=True).get()
-    return Held(task_id, worker_id, token)
+            return None  # another claimer inserted first
+        return Held(task_id, worker_id, 1)
+    if previous.expires_at > now:
+        return None  # a live lease exists
+    # Compare-and-set on the token read above: SQLite takes no row lock, this keeps the claim single.
+    taken = Lease.objects.filter(task_id=task_id, token=previous.token, expires_at__lte=now).update(
+        worker_id=worker_id, token=F("token") + 1, acquired_at=now, heartbeat_at=now, expires_at=expires
+    )
+    if not taken:
+        return None
+    held = Held(task_id, worker_id, previous.token + 1)
+    # release() ends a lease with heartbeat_at == expires_at; a lapsed one was still due a heartbeat.
+    if previous.worker_id != worker_id and previous.heartbeat_at < previous.expires_at:
+        LeaseTakeover.objects.create(
+            task_id=task_id,
+            worker_id=worker_id,
+            token=held.token,
+            previous_worker_id=previous.worker_id,
+            stale_token=previous.token,
+            previous_heartbeat_at=previous.heartbeat_at,
+            previous_expires_at=previous.expires_at,
+            taken_at=now,
+        )
+    return held
 
 
 def claim(task_id: UUID | str, *, worker_id: str, region: str, ttl: timedelta = DEFAULT_TTL) -> Held | None:
@@ -104,7 +130,36 @@ def heartbeat(lease: Held, *, ttl: timedelta = DEFAULT_TTL) -> bool:
     )
 
 
-def release(lease: Held) -> None:
-    """Give the lease up at once (the row stays, so tokens keep growing)."""
+def release(lease: Held, *, hold: timedelta | None = None) -> None:
+    """Give the lease up (the row stays, so tokens keep growing): at once, or after ``hold``.
+
+    A hold keeps other workers (and the sweep's doorbell) off a task that has
+    nothing to do for a while, e.g. a cancel waiting for an effect that may
+    still land, instead of claiming it again in a tight loop.
+    """
     now = timezone.now()
-    Lease.objects.filter(task_id=lease.task_id, token=lease.token).update(expires_at=now, heartbeat_at=now)
+    until = now + hold if hold else now
+    # heartbeat_at == expires_at marks a lease given up, not lapsed: the next claim is no takeover.
+    Lease.objects.filter(task_id=lease.task_id, token=lease.token).update(
+        expires_at=until, heartbeat_at=until
+    )
+
+
+def release_abandoned(worker_id: str, *, task_id: UUID | str | None = None) -> int:
+    """Let the live leases ``worker_id`` left behind lapse now (only ``task_id``'s if given); count them.
+
+    For a holder known to have stopped working on them: a worker whose database
+    connection broke mid-task, or a pool process that died. Without this their
+    tasks would wait out the TTL before anyone could resume them. The lease
+    lapses as if its TTL had run out (``heartbeat_at`` is left alone, so the next
+    claim counts as a takeover, not a clean release). Safe even if the holder
+    were still at work: the token stays, so its next write is fenced off.
+    """
+    now = timezone.now()
+    # A lease given up with a hold (heartbeat_at == expires_at) was not abandoned: it keeps its hold.
+    abandoned = Lease.objects.filter(
+        worker_id=worker_id, expires_at__gt=now, heartbeat_at__lt=F("expires_at")
+    )
+    if task_id is not None:
+        abandoned = abandoned.filter(task_id=task_id)
+    return abandoned.update(expires_at=now)

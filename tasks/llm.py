@@ -4,6 +4,14 @@ A model turn is replayable computation: its inputs (prompt id, accepted
 facts) and its identity (model id) are recorded, its answer is advisory data
 the workflow validates, and a failure is transient (the task waits and
 retries) — never a reason to repeat a side effect.
+
+Model output is outside data. ``accepted`` is the one gate between a reply
+and the task's facts: text trimmed and bounded, and refused
+(``ModelOutputInvalid``) when it, or the model id the endpoint reported,
+cannot be stored (``tasks.values``). Refused rather than cleaned: answers
+route the workflow by exact text, and a corrupted answer quietly repaired
+into a route ("ref<NUL>und" -> "refund") would act on output the model never
+gave cleanly. The step retries the turn later, like any transient failure.
 """
 
 from __future__ import annotations
@@ -17,15 +25,35 @@ from typing import Any, Protocol
 import httpx
 from django.conf import settings
 
+from tasks import values
+from tasks.checkpoints import MAX_FACT_LENGTH
+
 
 class ModelUnavailable(Exception):
     """The model could not answer now (timeout, HTTP error, garbled reply): retry later."""
+
+
+class ModelOutputInvalid(Exception):
+    """The model answered with text the task cannot store: refused, the turn is retried later."""
 
 
 @dataclass(frozen=True)
 class Reply:
     text: str
     model_id: str
+
+
+def accepted(reply: Reply) -> Reply:
+    """``reply`` as the task may keep it: text trimmed and bounded, both fields storable.
+
+    Raises ``ModelOutputInvalid`` naming what was refused (never quoting it).
+    """
+    text = reply.text.strip()[:MAX_FACT_LENGTH]
+    for where, value in (("answer", text), ("model id", reply.model_id)):
+        problem = values.text_problem(value)
+        if problem:
+            raise ModelOutputInvalid(f"model output refused: the {where} {problem}")
+    return Reply(text, reply.model_id)
 
 
 class Model(Protocol):
@@ -86,9 +114,10 @@ class OpenAICompatibleModel:
             payload = response.json()
             text = payload["choices"][0]["message"]["content"]
         except httpx.TimeoutException as exc:
-            raise ModelUnavailable(f"model timed out: {exc}") from None
+            raise ModelUnavailable(values.printable(f"model timed out: {exc}")) from None
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-            raise ModelUnavailable(f"model call failed: {type(exc).__name__}: {exc}") from None
+            failure = f"model call failed: {type(exc).__name__}: {exc}"
+            raise ModelUnavailable(values.printable(failure)) from None
         if not isinstance(text, str):
             raise ModelUnavailable("model reply has no text content")
         return Reply(text.strip(), f"openai-compatible:{payload.get('model', self.model)}")

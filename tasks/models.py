@@ -103,6 +103,8 @@ class Checkpoint(models.Model):
 
     ``body`` holds the bytes exactly as the codec wrote them; decoding (and
     migrating, or quarantining) happens in ``tasks.checkpoints``, never here.
+    ``digest`` is the SHA-256 of ``body``; the audit event of the same version
+    records it too, so an edited body (or digest) is refused on load.
     """
 
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="checkpoints")
@@ -110,6 +112,8 @@ class Checkpoint(models.Model):
     schema_version = models.PositiveIntegerField()
     codec = models.CharField(max_length=32)
     body = models.TextField()
+    # "" only on rows written before checkpoints carried digests (still readable).
+    digest = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField()
 
     class Meta:

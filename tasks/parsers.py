@@ -3,6 +3,10 @@
 Python's json module recurses per nesting level; a body nested thousands deep
 would raise RecursionError (a 500) there or in any code that walks the value
 afterwards. Anything deeper than ``MAX_DEPTH`` is refused as a 400.
+
+What a parsed value may hold (no NUL, no lone surrogate, no NaN) is decided
+per field by ``tasks.values``, with the same depth bound, so the 400 can name
+the field.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import json
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
-MAX_DEPTH = 64
+from tasks.values import MAX_DEPTH
 
 
 def _too_deep(text: str) -> bool:

@@ -4,7 +4,10 @@
 2. Load the task and its checkpoint (an unreadable checkpoint quarantines it).
 3. Decide the next transition from the checkpoint (``tasks.engine``).
 4. Commit it through ``advance`` at the version it was decided from, fenced
-   by the lease; a stale version or a lost lease discards the decision.
+   by the lease; a stale version or a lost lease discards the decision. A
+   commit the database refuses for this task's data (``DataError``, an
+   unexpected ``IntegrityError``) quarantines the task, like any step error;
+   only a database in trouble (connection lost) reaches the worker's loop.
 5. Repeat while the task stays runnable, heartbeating before each step; release the lease.
 """
 
@@ -14,10 +17,10 @@ import logging
 from datetime import timedelta
 from uuid import UUID
 
-from django.db import DatabaseError
+from django.db import DatabaseError, DataError, IntegrityError
 from django.utils import timezone
 
-from tasks import chaos, decisions, engine, leases, services
+from tasks import chaos, decisions, engine, leases, services, values
 from tasks.exceptions import StaleVersion, TransitionError
 from tasks.llm import Model, default_model
 from tasks.models import Task
@@ -26,6 +29,9 @@ from tasks.transitions import Actor, advance
 
 log = logging.getLogger(__name__)
 MAX_STEPS = 50  # bounded work per claim; the sweep hands the task out again
+# A task with nothing to decide yet (a cancel waiting for an effect that may still
+# land) is left alone this long rather than claimed again at once, in a tight loop.
+DEFERRED_HOLD = timedelta(seconds=2)
 
 
 def run_task(
@@ -43,6 +49,7 @@ def run_task(
         return "not_claimed"
     actor = Actor.worker(worker_id)
     model = model or default_model()
+    hold: timedelta | None = None
     try:
         for _ in range(MAX_STEPS):
             # Before any work: a lease claimed in a batch may have lapsed while earlier tasks ran.
@@ -52,8 +59,9 @@ def run_task(
             task = point.task
             if point.quarantined or task.state not in RUNNABLE:
                 return task.state
-            decision = engine.decide(task, point.checkpoint, model=model, now=timezone.now())
+            decision = engine.decide(task, point.checkpoint, model=model, now=timezone.now(), lease=lease)
             if decision is None:
+                hold = DEFERRED_HOLD
                 return "deferred"  # e.g. a cancel waiting on a system that cannot answer yet
             task = decisions.commit(task, decision, actor=actor, lease=lease)
             chaos.after_commit(task, decision.progress.step if decision.progress else None)
@@ -61,6 +69,13 @@ def run_task(
     except StaleVersion as exc:  # includes LeaseLost: another writer won; our decision is void
         log.info("discarded a stale decision", extra={"task_id": str(task_id), "why": str(exc)})
         return exc.code
+    except (DataError, IntegrityError) as exc:
+        # About this task's data (a value no column can hold, a constraint it breaks), not the
+        # database: retrying cannot help, and re-raising would crash-loop every worker on it.
+        # advance's own expected duplicates (a repeated delivery) are handled by its callers.
+        log.exception("commit refused for this task's data; quarantining", extra={"task_id": str(task_id)})
+        _quarantine_after_error(task_id, actor, lease, exc)
+        return "step_error"
     except DatabaseError:
         raise  # the database itself is in trouble: let the worker's loop (or Celery) try again later
     except Exception as exc:  # a bug or a misconfiguration in a step: hold the task for an operator
@@ -68,11 +83,16 @@ def run_task(
         _quarantine_after_error(task_id, actor, lease, exc)
         return "step_error"
     finally:
-        leases.release(lease)
+        leases.release(lease, hold=hold)
 
 
 def _quarantine_after_error(task_id: UUID | str, actor: Actor, lease: leases.Held, exc: Exception) -> None:
-    """Never crash-loop on a task, never skip it silently: quarantine it with what went wrong."""
+    """Never crash-loop on a task, never skip it silently: quarantine it with what went wrong.
+
+    The reason quotes the error, which may quote the very data that broke the
+    commit (a psycopg encoding error names the lone surrogate): it is made
+    storable first, and no checkpoint is written, so this commit cannot fail the same way.
+    """
     current = Task.objects.filter(pk=task_id).values_list("state_version", flat=True).first()
     if current is None:
         return
@@ -83,12 +103,25 @@ def _quarantine_after_error(task_id: UUID | str, actor: Actor, lease: leases.Hel
             State.QUARANTINED,
             actor=actor,
             trigger=Trigger.QUARANTINE,
-            reason=f"{type(exc).__name__}: {exc}"[:1000],
+            reason=values.printable(f"{type(exc).__name__}: {_cause(exc)}", 1000),
             reason_code="step_error",
             lease=lease,
         )
     except TransitionError:
         pass  # moved on meanwhile (or already quarantined): nothing more to do here
+    except (DataError, IntegrityError):
+        # Should not happen (the reason is clean, nothing else is written). If it does, the
+        # task stays where it was and this worker goes on with the others instead of dying.
+        log.exception("could not quarantine the task", extra={"task_id": str(task_id)})
+
+
+def _cause(exc: Exception) -> str:
+    """What went wrong, without the SQL: a database error's message and DETAIL line, not its
+    LINE/CONTEXT lines, which echo the statement's parameters (facts, outcomes) into the audit log."""
+    if not isinstance(exc, DatabaseError):
+        return str(exc)
+    lines = str(exc).splitlines() or [""]
+    return "; ".join([lines[0], *(line for line in lines[1:] if line.startswith("DETAIL:"))])
 
 
 def run_available(

@@ -12,9 +12,11 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 from pydantic import ValidationError
 
+from audit.models import TransitionEvent
 from tasks import checkpoints, doorbell, registry
 from tasks.checkpoints import Scalar
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
@@ -128,15 +130,25 @@ def task_create(
 
 
 def latest_checkpoint(task: Task) -> checkpoints.Checkpoint:
-    """Decode (and migrate) the task's newest checkpoint.
+    """Verify, decode (and migrate) the task's newest checkpoint.
 
-    Raises ``CheckpointUnreadable`` — including reason ``checkpoint_missing``
-    when the task has none.
+    The row comes with the digest its audit event recorded (one query), and
+    ``checkpoints.decode_stored`` refuses a body that is not what that
+    transition wrote. Raises ``CheckpointUnreadable`` — including reason
+    ``checkpoint_missing`` when the task has none.
     """
-    row = Checkpoint.objects.filter(task=task).order_by("-state_version").first()
+    recorded = TransitionEvent.objects.filter(
+        task_id=OuterRef("task_id"), state_version=OuterRef("state_version")
+    ).values("checkpoint_digest")[:1]
+    row = (
+        Checkpoint.objects.filter(task=task)
+        .annotate(recorded_digest=Subquery(recorded))
+        .order_by("-state_version")
+        .first()
+    )
     if row is None:
         raise checkpoints.CheckpointUnreadable("checkpoint_missing", "task has no checkpoint")
-    return checkpoints.decode(row.body, row.schema_version)
+    return checkpoints.decode_stored(row, recorded_digest=row.recorded_digest)
 
 
 @dataclass(frozen=True)
@@ -241,7 +253,7 @@ def task_control(
         # The ledger builds on tasks, so it is imported here, keeping the layering one-way.
         from ledger.reconcile import reconcile_task
 
-        result = reconcile_task(task.id, actor=actor)
+        result = reconcile_task(task.id, actor=actor, force=True)  # asked by a person: ask the system now
         note = "; ".join(result.settled) or "nothing was in doubt"
         if result.still_unknown:
             note = f"{result.still_unknown} still unknown: {note}"

@@ -67,6 +67,8 @@ class Trigger(models.TextChoices):
     DEADLINE_PASSED = "deadline_passed"
     RECONCILED = "reconciled"
     RECONCILED_FAILED = "reconciled_failed"
+    RESEND_BACKOFF = "resend_backoff"
+    LATE_EFFECT_FOUND = "late_effect_found"
     PROCEED = "proceed"
     REFRESH = "refresh"
     REPLAN = "replan"
@@ -130,6 +132,8 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     + _edges(
         [S.OUTCOME_UNKNOWN], S.WAITING_RETRY, T.RECONCILED_FAILED, A.WORKER, A.SYSTEM, A.OPERATOR, A.ADMIN
     )
+    # Found absent: sent again with the same key, but only after a backoff.
+    + _edges([S.OUTCOME_UNKNOWN], S.WAITING_RETRY, T.RESEND_BACKOFF, A.WORKER, A.SYSTEM, A.OPERATOR, A.ADMIN)
     # Cancellation is a request; a worker confirms it after reconciling in-flight effects.
     + _edges(
         NON_TERMINAL - {S.CANCEL_REQUESTED},
@@ -146,6 +150,9 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
         NON_TERMINAL - {S.QUARANTINED}, S.QUARANTINED, T.QUARANTINE, A.WORKER, A.SYSTEM, A.OPERATOR, A.ADMIN
     )
     + _edges([S.QUARANTINED], S.RESUME_VALIDATION, T.RELEASE, A.OPERATOR, A.ADMIN)
+    # An ended task never leaves its terminal state, but an effect found absent
+    # that landed late after all amends its report: an audited self-loop.
+    + [Edge(s, s, T.LATE_EFFECT_FOUND, frozenset({A.SYSTEM})) for s in sorted(TERMINAL)]
     # Escalation is orthogonal to state: a self-loop that bumps the version.
     + [Edge(s, s, T.ESCALATE, frozenset({A.OPERATOR, A.ADMIN, A.SYSTEM})) for s in sorted(NON_TERMINAL)]
 )

@@ -103,7 +103,9 @@ def _trace_ids() -> tuple[str, str]:
     return trace_id, f"00-{trace_id}-{format(context.span_id, '016x')}-{int(context.trace_flags):02x}"
 
 
-def _checkpoint_for(task: Task, progress: checkpoints.Progress, actions: list[Action], trace_link: str):
+def _checkpoint_for(
+    task: Task, progress: checkpoints.Progress, actions: list[Action], trace_link: str
+) -> Checkpoint:
     document = checkpoints.Checkpoint(
         **progress.model_dump(),
         task_id=task.id,
@@ -130,18 +132,33 @@ def _checkpoint_for(task: Task, progress: checkpoints.Progress, actions: list[Ac
         wait_deadline=task.wait_deadline,
         deadline=task.deadline,
     )
+    body = checkpoints.encode(document)
+    # Refused here rather than on the next load: never commit a checkpoint no worker will read.
+    # (The body is ASCII, json.dumps escapes the rest: characters are bytes.)
+    limit = checkpoints.max_bytes()
+    if len(body) > limit:
+        raise ValueError(f"{checkpoints.CheckpointUnreadable.TOO_LARGE}: {len(body)} bytes, limit {limit}")
     return Checkpoint(
         task=task,
         state_version=task.state_version,
         schema_version=checkpoints.CURRENT_SCHEMA,
         codec=checkpoints.CODEC,
-        body=checkpoints.encode(document),
+        body=body,
+        digest=checkpoints.digest(body),
         created_at=task.updated_at,
     )
 
 
 def _event_for(
-    task: Task, *, from_state: str, trigger: str, actor: Actor, reason: str, reason_code: str, trace_id: str
+    task: Task,
+    *,
+    from_state: str,
+    trigger: str,
+    actor: Actor,
+    reason: str,
+    reason_code: str,
+    trace_id: str,
+    checkpoint: Checkpoint | None,
 ) -> TransitionEvent:
     fields = {
         "task_id": task.id,
@@ -158,6 +175,8 @@ def _event_for(
         "policy_version": task.policy_version,
         "parent_id": task.parent_id,
         "trace_id": trace_id,
+        # Binds the checkpoint to the chain: its body cannot change without breaking this hash.
+        "checkpoint_digest": checkpoint.digest if checkpoint is not None else "",
         "created_at": task.updated_at,
     }
     prev_hash = task.audit_head or GENESIS
@@ -217,6 +236,7 @@ def task_start(
     with tracer.start_as_current_span("task.start", attributes={"task.type": task.task_type}):
         trace_id, traceparent = _trace_ids()
         rows = _ledger_rows(task, actions, now)
+        checkpoint = _checkpoint_for(task, progress, rows, traceparent)
         event = _event_for(
             task,
             from_state="",
@@ -225,11 +245,12 @@ def task_start(
             reason=reason,
             reason_code="",
             trace_id=trace_id,
+            checkpoint=checkpoint,
         )
         task.audit_head = event.hash
         with transaction.atomic(durable=True):
             task.save(force_insert=True)
-            _write_history(event, _checkpoint_for(task, progress, rows, traceparent), rows)
+            _write_history(event, checkpoint, rows)
     log.info("task started", extra={"task_id": str(task.id), "task_type": task.task_type})
     return task
 
@@ -277,7 +298,8 @@ def advance(
     - ``TransitionNotAllowed`` — no edge from the current state to
       ``to_state`` for this actor (and trigger);
     - ``LeaseLost`` — ``lease`` lapsed or another worker claimed the task since;
-    - ``ValueError`` — an unknown field in ``changes``, or a wait without a deadline;
+    - ``ValueError`` — an unknown field in ``changes``, a wait without a deadline,
+      or a checkpoint larger than ``CHECKPOINT_MAX_BYTES`` (``checkpoint_too_large``);
     - ``IntegrityError`` — an action whose idempotency key already exists, or
       a ``records`` row breaking a unique constraint (a duplicate delivery).
     """
@@ -322,6 +344,8 @@ def advance(
             if to_state != from_state:
                 task.state_entered_at = now
             rows = _ledger_rows(task, actions, now)
+            # Built before the event, which records its digest (pure Python: no round trip).
+            checkpoint = _checkpoint_for(task, progress, rows, traceparent) if progress is not None else None
             event = _event_for(
                 task,
                 from_state=from_state,
@@ -330,6 +354,7 @@ def advance(
                 reason=reason,
                 reason_code=reason_code,
                 trace_id=trace_id,
+                checkpoint=checkpoint,
             )
             task.audit_head = event.hash
 
@@ -346,7 +371,6 @@ def advance(
                 if lease is not None and current["state_version"] == expected_version:
                     raise LeaseLost(f"lease #{lease.token} on task {task.pk} is no longer held", **current)
                 raise StaleVersion(f"task moved on from version {expected_version}", **current)
-            checkpoint = _checkpoint_for(task, progress, rows, traceparent) if progress is not None else None
             _write_history(event, checkpoint, rows, records)
             for write in also:
                 write()

@@ -111,6 +111,8 @@ def validate(task: Task, checkpoint: Checkpoint, kind: registry.TaskType, now: d
             return retry_later(task, kind, progress, now, code="evidence_unavailable", reason=str(exc))
         except evidence.EvidenceMissing as exc:
             return quarantine(progress, "evidence_missing", str(exc))
+        except evidence.EvidenceUnstorable as exc:  # the record will say the same next time
+            return quarantine(progress, "evidence_unstorable", str(exc))
         if record.version != ref.record_version:
             changed.append(f"{ref.system}/{ref.record_id} v{ref.record_version} -> v{record.version}")
     if changed:

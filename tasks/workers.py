@@ -1,29 +1,77 @@
-"""Celery entry points: take ids, call one service. Business rules live elsewhere."""
+"""Celery entry points: take ids, call one service. Business rules live elsewhere.
+
+``tasks.run_task`` is the doorbell: it is acknowledged only after the run
+(``acks_late``), and put back on the queue when the pool process running it
+dies (``reject_on_worker_lost``), so losing a pool child loses no doorbell. A
+redelivered or duplicate doorbell is harmless: the lease lets one worker run a
+task, the others answer ``not_claimed``. The periodic tasks keep early acks: a
+lost tick is replaced by the next one, and requeueing a tick that kills its
+process would only repeat the kill.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from datetime import timedelta
 
+from billiard.exceptions import WorkerLostError
 from celery import shared_task
+from celery.worker.request import Request
 from django.conf import settings
+from django.db import DatabaseError
 
-from tasks import doorbell, runner, sweep
+from tasks import doorbell, leases, reconnect, runner, sweep
+
+log = logging.getLogger(__name__)
 
 
-def worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+def worker_id(pid: int | None = None) -> str:
+    return f"{socket.gethostname()}:{pid or os.getpid()}"
 
 
-@shared_task(name="tasks.run_task")
+class DoorbellRequest(Request):
+    """A doorbell as the worker's main process sees it: when its pool child dies, its lease goes too.
+
+    The pool has reaped the child, so the lease it held is provably abandoned;
+    freeing it now lets the requeued doorbell resume the task at once instead of
+    after ``LEASE_TTL``. Only on the doorbell's first loss: one that kills its
+    child again (a poison step) waits out the TTL each time, so it cannot
+    crash-loop the pool.
+    """
+
+    def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
+        exc = getattr(exc_info.exception, "exc", exc_info.exception)  # billiard wraps it
+        if isinstance(exc, WorkerLostError) and self.worker_pid and not self.delivery_info.get("redelivered"):
+            _release_for_lost_child(self.worker_pid, self.args[0])
+        return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+
+def _release_for_lost_child(pid: int, task_id: str) -> None:
+    try:
+        leases.release_abandoned(worker_id(pid), task_id=task_id)
+    except DatabaseError:
+        log.warning("could not free the lease of a lost pool process; it lapses by itself", exc_info=True)
+    finally:
+        # The main process forks the replacement children: hand them no open connection.
+        reconnect.drop_connections()
+
+
+@shared_task(name="tasks.run_task", acks_late=True, reject_on_worker_lost=True, Request=DoorbellRequest)
 def run_task(task_id: str) -> str:
-    return runner.run_task(
-        task_id,
-        worker_id=worker_id(),
-        region=settings.WORKER_REGION,
-        ttl=timedelta(seconds=settings.LEASE_TTL_SECONDS),
-    )
+    """Run the task the doorbell names; wait out a database restart instead of dropping it."""
+    me, ttl = worker_id(), settings.LEASE_TTL_SECONDS
+    while True:
+        try:
+            return runner.run_task(
+                task_id, worker_id=me, region=settings.WORKER_REGION, ttl=timedelta(seconds=ttl)
+            )
+        except reconnect.CONNECTION_LOST as error:
+            # Past a lease's TTL there is nothing left to give back and the sweep rings again:
+            # stop holding this pool process and the doorbell.
+            if not reconnect.recover(me, error, task_id=task_id, give_up_after=ttl):
+                return "database_unavailable"
 
 
 @shared_task(name="tasks.sweep")

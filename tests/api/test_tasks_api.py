@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from audit.models import TransitionEvent
 from tasks.checkpoints import CURRENT_SCHEMA
-from tasks.models import Task
+from tasks.models import ExternalEvent, Task
 from tasks.states import State, Trigger
 from tasks.transitions import ActionIntent, Actor, advance
 from tenancy.models import Membership, Role
@@ -469,6 +469,20 @@ def test_the_events_of_a_new_task_hold_its_creation(operator, acme):
     assert created["hash"] and created["prev_hash"]
 
 
+def test_an_auditor_can_recompute_every_hash_of_the_chain_from_the_events_api(auditor, acme):
+    from audit.chain import GENESIS, event_hash
+
+    task = make_task(acme)  # its creation event covers the first checkpoint's digest
+    events = api_client_for(auditor).get(url(task, "events")).json()["results"]
+    prev = GENESIS
+    for event in sorted(events, key=lambda e: e["state_version"]):
+        fields = {**event, "task_id": task.id, "tenant_id": acme.id}
+        fields["created_at"] = datetime.fromisoformat(event["created_at"])
+        assert event["checkpoint_digest"]
+        assert (event["prev_hash"], event_hash(prev, fields)) == (prev, event["hash"])
+        prev = event["hash"]
+
+
 def test_the_events_list_a_control_after_the_creation(operator, acme):
     task = make_task(acme)
     client = api_client_for(operator)
@@ -788,3 +802,80 @@ def test_a_deeply_nested_control_body_is_a_4xx_not_a_500(operator, acme):
 )
 def test_a_json_body_that_is_not_an_object_is_a_400(operator, body):
     assert post_json(api_client_for(operator), TASKS, body).status_code == 400
+
+
+# --- values PostgreSQL cannot hold, in input and external events ------------------------------
+# A NUL or a lone surrogate anywhere in a body (value or key) is a 400 naming
+# where it sits, and nothing is stored: before, a lone surrogate reached the database as a 500.
+
+
+def waiting_for_input(task: Task) -> Task:
+    return advance(
+        task.id,
+        task.state_version,
+        State.WAITING_INPUT,
+        actor=Actor.worker("w1"),
+        trigger=Trigger.REQUEST_INPUT,
+        progress=progress("ask_customer"),
+        wait_deadline=timezone.now() + timedelta(days=1),
+    )
+
+
+POISONED_EVENTS = {
+    "nul-value": ('{"event_key": "k", "event_type": "t", "payload": {"a": "x\\u0000"}}', "payload.a"),
+    "surrogate-value": ('{"event_key": "k", "event_type": "t", "payload": {"a": "\\ud800"}}', "payload.a"),
+    "nul-key": ('{"event_key": "k", "event_type": "t", "payload": {"a\\u0000": 1}}', "payload"),
+    "surrogate-key": ('{"event_key": "k", "event_type": "t", "payload": {"\\udfff": 1}}', "payload"),
+    "nested": (
+        '{"event_key": "k", "event_type": "t", "payload": {"items": [{"sku": "\\ud800"}]}}',
+        "payload.items[0].sku",
+    ),
+}
+
+
+@pytest.mark.parametrize(("raw", "where"), POISONED_EVENTS.values(), ids=POISONED_EVENTS.keys())
+def test_an_external_event_with_an_unstorable_payload_is_a_400_naming_where(operator, acme, raw, where):
+    task = make_task(acme)
+    response = post_raw(no_raise(api_client_for(operator)), url(task, "external-events"), raw)
+    assert response.status_code == 400
+    [message] = response.json()["payload"]
+    assert message.startswith(f"{where} ")
+    assert not ExternalEvent.objects.filter(task=task).exists()
+
+
+@pytest.mark.parametrize("key", ["k\\u0000", "k\\ud800"], ids=["nul", "surrogate"])
+def test_an_event_key_that_cannot_be_stored_is_a_400_on_event_key(operator, acme, key):
+    task = make_task(acme)
+    raw = f'{{"event_key": "{key}", "event_type": "t", "payload": {{}}}}'
+    response = post_raw(no_raise(api_client_for(operator)), url(task, "external-events"), raw)
+    assert response.status_code == 400
+    assert "event_key" in response.json()
+    assert not ExternalEvent.objects.filter(task=task).exists()
+
+
+POISONED_ANSWERS = {
+    "nul": ('{"answer": "mug\\u0000"}', "payload.answer"),
+    "surrogate": ('{"answer": "\\ud800"}', "payload.answer"),
+    "surrogate-key": ('{"answer": "mug", "\\ud800": 1}', "payload"),
+}
+
+
+@pytest.mark.parametrize(("payload", "where"), POISONED_ANSWERS.values(), ids=POISONED_ANSWERS.keys())
+def test_an_input_answer_that_cannot_be_stored_is_a_400_naming_where(operator, acme, payload, where):
+    task = waiting_for_input(make_task(acme))
+    raw = f'{{"expected_version": {task.state_version}, "payload": {payload}}}'
+    response = post_raw(no_raise(api_client_for(operator)), url(task, "input"), raw)
+    assert response.status_code == 400
+    [message] = response.json()["payload"]
+    assert message.startswith(f"{where} ")
+    assert Task.objects.get(pk=task.pk).state == State.WAITING_INPUT
+
+
+def test_a_surrogate_in_create_input_keys_is_a_400_on_input(operator):
+    raw = json.dumps(create_body()).replace('"order_id"', '"\\ud800": 1, "order_id"', 1)
+    response = post_raw(no_raise(api_client_for(operator)), TASKS, raw)
+    assert response.status_code == 400
+    assert response.json()["input"] == [
+        "input has a key '\\ud800' that contains a lone surrogate U+D800 (at position 0)"
+    ]
+    assert not Task.objects.exists()

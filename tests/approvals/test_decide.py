@@ -351,7 +351,7 @@ def test_the_payment_step_itself_refuses_to_send_under_an_approval_that_no_longe
     task = Task.objects.get(pk=waiting.pk)
     progress = task_services.latest_checkpoint(task).progress
     moved = progress.model_copy(update={"facts": {**progress.facts, "refund_card": "mastercard-1111"}})
-    decision = engine._dispatch(task, REFUND, REFUND.step("pay_refund"), moved, dict(moved.facts))
+    decision = engine._dispatch(task, REFUND, REFUND.step("pay_refund"), moved, dict(moved.facts), None)
     assert decision.reason_code == "approval_reapprove" and decision.progress.step == "approve"
     assert decision.actions == ()
 

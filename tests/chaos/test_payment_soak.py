@@ -8,10 +8,10 @@ timeout and a 1 s lease. While work is in flight the test
 1. drips payment faults into the sandbox as ``Fault`` rows, spread evenly over
    the dispatches: dispatch timeouts (commit, then hang 1 s past the 0.3 s
    connector timeout), ambiguous answers (commit, then 502), errors (503,
-   nothing done), slow answers (wait 0.8 s, then commit: the lookup the
-   caller makes meanwhile finds nothing, so the payment is sent again under
-   the same key and the sandbox suppresses the duplicate), and lookup errors
-   (the reconciler's question goes unanswered);
+   nothing done), slow answers (wait 0.8 s, then commit: a lookup made
+   meanwhile finds nothing, which is not trusted as absent until the send can
+   no longer land, so the payment is found rather than sent again), and
+   lookup errors (the reconciler's question goes unanswered);
 2. every 3-6 s SIGKILLs one of the two workers at random and starts a
    replacement, so dispatches die half-sent and leases lapse.
 
@@ -58,6 +58,10 @@ TICK = 0.1
 WORKERS = 2
 WORKER_ENV = {
     "CONNECTOR_TIMEOUT": "0.3",
+    # Slow answers commit within 0.8 s: past 1.5 s after its send, "not found" means absent.
+    "CONNECTOR_MAX_IN_FLIGHT": "1.5",
+    "LEDGER_LOOKUP_INTERVAL": "0.2",
+    "LEDGER_RESEND_BACKOFF": "0.2",
     # Workers write to a pipe nobody reads while they run: keep the per-dispatch warnings out of it.
     "LOG_LEVEL": "ERROR",
 }

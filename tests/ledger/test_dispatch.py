@@ -17,6 +17,7 @@ from sandbox.models import Effect, Fault
 from tasks import runner, services
 from tasks.models import Task
 from tasks.states import ActorKind, State
+from tasks.sweep import sweep
 from tasks.transitions import Actor
 from tests.conftest import make_task
 from tests.workflow import approve, put_order
@@ -29,6 +30,8 @@ INVOICE = {"invoice_id": "INV-1", "amount": "25.00", "currency": "EUR"}
 def sandbox(live_server, settings):
     settings.SANDBOX_BASE_URL = f"{live_server.url}/sandbox"
     settings.CONNECTOR_TIMEOUT = 0.5
+    settings.LEDGER_LOOKUP_INTERVAL = 0
+    settings.LEDGER_RESEND_BACKOFF = 0.05
 
 
 def invoice_task(tenant, **input_overrides) -> Task:
@@ -85,35 +88,46 @@ def test_a_lost_answer_makes_the_outcome_unknown_and_the_reconciler_finds_it_don
     assert Action.objects.get(task=task).attempts == 1
 
 
-def test_an_effect_found_absent_is_sent_again_with_the_same_key_and_happens_once(acme):
+def test_an_effect_found_absent_is_sent_again_with_the_same_key_and_happens_once(acme, settings):
+    settings.CONNECTOR_MAX_IN_FLIGHT = 0.3
     fault("error")
     task = run(invoice_task(acme))
     first = Action.objects.get(task=task)
     assert (task.state, first.dispatch_state, payments()) == (State.OUTCOME_UNKNOWN, DispatchState.UNKNOWN, 0)
 
+    time.sleep(0.4)  # past the time the send could still land
     reconcile_unknown()
+    task = Task.objects.get(pk=task.pk)
     assert Action.objects.get(task=task).dispatch_state == DispatchState.RECONCILED_ABSENT
+    assert (task.state, task.state_reason) == (State.WAITING_RETRY, "effect_absent")  # resent after a backoff
+
+    sweep(lambda *_: None, now=task.wait_deadline)
     task = run(Task.objects.get(pk=task.pk))
     action = Action.objects.get(task=task)
     assert task.state == State.COMPLETED
     assert (action.idempotency_key, action.attempts, payments()) == (first.idempotency_key, 2, 1)
 
 
-def test_a_slow_first_send_that_lands_after_the_lookup_is_not_doubled(acme, settings):
-    """The race reconciliation must survive: absent at lookup, present by the time of the resend."""
+def test_not_found_before_the_send_could_land_is_not_trusted_as_absent(acme, settings):
+    """The first request is still on its way when the caller gives up, and lands after the first lookup."""
     settings.CONNECTOR_TIMEOUT = 0.3
-    fault("latency", ms=1000)  # the first request is still on its way when the caller gives up
+    settings.CONNECTOR_MAX_IN_FLIGHT = 5
+    fault("latency", ms=1000)
     task = run(invoice_task(acme))
     assert task.state == State.OUTCOME_UNKNOWN
     reconcile_unknown()
-    assert Action.objects.get(task=task).dispatch_state == DispatchState.RECONCILED_ABSENT
-    time.sleep(1.5)  # ...and lands now
-    assert payments() == 1
+    action = Action.objects.get(task=task)
+    assert action.dispatch_state == DispatchState.UNKNOWN  # not found, but it may still land
+    assert action.last_error.startswith("not found yet; trusted as absent from")
+    assert Task.objects.get(pk=task.pk).state == State.OUTCOME_UNKNOWN
 
-    task = run(Task.objects.get(pk=task.pk))  # the resend, same key: the system answers with the first result
+    time.sleep(1.5)  # ...and lands now
+    reconcile_unknown()
+    assert Action.objects.get(task=task).dispatch_state == DispatchState.RECONCILED_SUCCEEDED
+    task = run(Task.objects.get(pk=task.pk))
     action = Action.objects.get(task=task)
     assert task.state == State.COMPLETED
-    assert (payments(), action.attempts, action.duplicates_suppressed) == (1, 2, 1)
+    assert (payments(), action.attempts, Effect.objects.get().deliveries) == (1, 1, 1)  # never sent twice
 
 
 def test_a_reconciler_that_cannot_reach_the_system_keeps_waiting_and_escalates(acme, settings):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -19,6 +20,7 @@ from tasks.models import Checkpoint, Task
 from tasks.states import State, Trigger
 from tasks.transitions import Actor, advance
 from tests.conftest import make_task
+from tests.foreign_checkpoints import written_as
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db
@@ -47,20 +49,23 @@ def rich_progress() -> checkpoints.Progress:
     )
 
 
-def park_waiting_for_input(tenant) -> Task:
+def park_waiting_for_input(tenant, **written: Any) -> Task:
+    """A task waiting for input; ``written`` makes its checkpoint one other code wrote (``written_as``)."""
     task = make_task(tenant)
-    return advance(
-        task.id,
-        1,
-        State.WAITING_INPUT,
-        actor=Actor.worker("w1"),
-        trigger=Trigger.REQUEST_INPUT,
-        progress=rich_progress(),
-        wait_deadline=timezone.now() + timedelta(days=2),
-    )
+    with written_as(**written):
+        return advance(
+            task.id,
+            1,
+            State.WAITING_INPUT,
+            actor=Actor.worker("w1"),
+            trigger=Trigger.REQUEST_INPUT,
+            progress=rich_progress(),
+            wait_deadline=timezone.now() + timedelta(days=2),
+        )
 
 
 def damage_latest(task: Task, **fields) -> None:
+    """Edit the newest checkpoint row by SQL, behind the application's back."""
     Checkpoint.objects.filter(task=task, state_version=task.state_version).update(**fields)
 
 
@@ -140,8 +145,11 @@ def test_a_fresh_process_reads_back_and_resumes_the_same_checkpoint(acme):
             {"body": '{"schema_version": 99, "step": "from the future"}', "schema_version": 99},
             CheckpointUnreadable.SCHEMA_NEWER,
         ),
-        ({"body": '{"schema_version": 1, "step": '}, CheckpointUnreadable.CORRUPT),
-        ({"body": '{"schema_version": 1, "step": "x", "surprise": true}'}, CheckpointUnreadable.CORRUPT),
+        ({"body": '{"schema_version": 1, "step": ', "schema_version": 1}, CheckpointUnreadable.CORRUPT),
+        (
+            {"body": '{"schema_version": 1, "step": "x", "surprise": true}', "schema_version": 1},
+            CheckpointUnreadable.CORRUPT,
+        ),
         (
             {"body": '{"schema_version": 0, "step": "x"}', "schema_version": 0},
             CheckpointUnreadable.UNMIGRATABLE,
@@ -150,8 +158,7 @@ def test_a_fresh_process_reads_back_and_resumes_the_same_checkpoint(acme):
     ids=["newer-schema", "not-json", "wrong-shape", "no-migration-path"],
 )
 def test_an_unreadable_checkpoint_quarantines_its_task_with_a_reason(acme, damage, reason):
-    task = park_waiting_for_input(acme)
-    damage_latest(task, **damage)
+    task = park_waiting_for_input(acme, **damage)
 
     point = services.task_resume_point(task.id, actor=Actor.system("tests"))
 
@@ -177,9 +184,8 @@ def test_the_three_failure_kinds_have_distinct_reasons():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_fresh_process_quarantines_a_checkpoint_from_a_newer_deployment(acme):
-    task = park_waiting_for_input(acme)
     newer = checkpoints.CURRENT_SCHEMA + 1
-    damage_latest(task, body=json.dumps({"schema_version": newer}), schema_version=newer)
+    task = park_waiting_for_input(acme, body=json.dumps({"schema_version": newer}), schema_version=newer)
 
     result = manage("checkpoints", "resume", str(task.id))
 
@@ -190,20 +196,25 @@ def test_a_fresh_process_quarantines_a_checkpoint_from_a_newer_deployment(acme):
 
 
 def test_older_checkpoints_migrate_through_the_chain(acme, monkeypatch):
-    task = park_waiting_for_input(acme)
-    current = json.loads(Checkpoint.objects.get(task=task, state_version=2).body)
-    # A hypothetical schema 0 that spelled the step "position"; its migration is a pure function.
-    old = {
-        **{k: v for k, v in current.items() if k != "step"},
-        "position": current["step"],
-        "schema_version": 0,
-    }
+    seen: dict[str, Any] = {}
+
+    def as_schema_0(row: Checkpoint) -> str:
+        # A hypothetical schema 0 that spelled the step "position"; its migration is a pure function.
+        current = seen["current"] = json.loads(row.body)
+        old = {
+            **{k: v for k, v in current.items() if k != "step"},
+            "position": current["step"],
+            "schema_version": 0,
+        }
+        return json.dumps(old)
+
     monkeypatch.setitem(
         checkpoints.MIGRATIONS,
         0,
         lambda doc: {**{k: v for k, v in doc.items() if k != "position"}, "step": doc["position"]},
     )
-    damage_latest(task, body=json.dumps(old), schema_version=0)
+    task = park_waiting_for_input(acme, body=as_schema_0, schema_version=0)
+    current = seen["current"]
 
     point = services.task_resume_point(task.id, actor=Actor.system("tests"))
 
@@ -213,13 +224,11 @@ def test_older_checkpoints_migrate_through_the_chain(acme, monkeypatch):
 
 
 def test_a_failing_migration_quarantines_as_unmigratable(acme, monkeypatch):
-    task = park_waiting_for_input(acme)
-
     def broken(document):
         raise KeyError("position")
 
     monkeypatch.setitem(checkpoints.MIGRATIONS, 0, broken)
-    damage_latest(task, body='{"schema_version": 0}', schema_version=0)
+    task = park_waiting_for_input(acme, body='{"schema_version": 0}', schema_version=0)
 
     services.task_resume_point(task.id, actor=Actor.system("tests"))
 

@@ -1,9 +1,11 @@
 """manage.py checkpoints {schema,check,show,resume}
 
 - ``schema``: print the JSON Schema of the current checkpoint contract.
-- ``check [--quarantine]``: decode the newest checkpoint of every non-terminal
-  task with the running code; list what it cannot read (and quarantine those
-  tasks with ``--quarantine``). Exit 1 when any is unreadable.
+- ``check [--quarantine]``: verify and decode the newest checkpoint of every
+  non-terminal task with the running code, as a worker loads it (size, codec,
+  digest against its audit event, schema column); list what it cannot read
+  with the reason (e.g. ``checkpoint_digest_mismatch``), and quarantine those
+  tasks with ``--quarantine``. Exit 1 when any is unreadable.
 - ``show TASK_ID``: print the decoded (migrated) newest checkpoint as JSON.
 - ``resume TASK_ID``: load the task's resume point as a worker would — a
   checkpoint it cannot read quarantines the task — and print it as JSON.

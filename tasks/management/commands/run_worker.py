@@ -2,7 +2,10 @@
 
 1. (with ``--sweep``) end overdue waits, expire late tasks, reconcile unknown outcomes;
 2. claim up to ``--batch`` runnable tasks of ``--region`` without a live lease;
-3. run each until it waits or ends; sleep ``--idle`` seconds when none was found.
+3. run each until it waits or ends; sleep ``--idle`` seconds when none was found;
+4. the database went away (restart, failover: the round raised a connection
+   error): never exit — reconnect with capped, jittered backoff, give back the
+   leases held when it broke (``tasks.reconnect``), and go on with step 1.
 SIGTERM/SIGINT: finish the task in hand, then exit. ``--once`` runs one round.
 The Celery worker (``celery -A config worker``) runs the same resume loop per doorbell.
 """
@@ -19,7 +22,7 @@ from django.core.management.base import BaseCommand
 from approvals import services as approvals
 from config import otel
 from ledger import reconcile
-from tasks import runner, sweep
+from tasks import reconnect, runner, sweep
 from tasks.workers import worker_id
 
 
@@ -52,13 +55,26 @@ class Command(BaseCommand):
         me, ttl = worker_id(), timedelta(seconds=lease_ttl)
         started = time.monotonic()
         self.stdout.write(f"worker {me} region={region} lease={lease_ttl}s")
+
+        def should_stop() -> bool:
+            return stopping or bool(max_seconds and time.monotonic() - started > max_seconds)
+
         while not stopping:
-            if with_sweep:
-                sweep.sweep(lambda task_id, task_region: None)  # this loop polls; no doorbell needed
-                reconcile.reconcile_unknown()
-                approvals.expire_pending()
-            ran = runner.run_available(worker_id=me, region=region, limit=batch, ttl=ttl)
-            if once or (max_seconds and time.monotonic() - started > max_seconds):
+            try:
+                ran = self.round(me, region=region, batch=batch, ttl=ttl, with_sweep=with_sweep)
+            except reconnect.CONNECTION_LOST as error:
+                if not reconnect.recover(me, error, stopping=should_stop):
+                    break
+                continue  # the database is back: run a round at once
+            if once or should_stop():
                 break
             if not ran:
                 time.sleep(idle)
+
+    def round(self, me: str, *, region: str, batch: int, ttl: timedelta, with_sweep: bool) -> int:
+        """Steps 1-3 once; return how many tasks ran."""
+        if with_sweep:
+            sweep.sweep(lambda task_id, task_region: None)  # this loop polls; no doorbell needed
+            reconcile.reconcile_unknown()
+            approvals.expire_pending()
+        return runner.run_available(worker_id=me, region=region, limit=batch, ttl=ttl)
