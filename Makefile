@@ -9,7 +9,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench bench-e2e lint
+.PHONY: install demo test chaos bench bench-e2e lint
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -24,6 +24,9 @@ demo: install
 
 test: install
 	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 2 $(PYTEST_ARGS)
+
+chaos: install  # only the fault-injection suites: real processes killed, frozen, starved, poisoned
+	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 2 tests/chaos tests/ledger $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -94,6 +94,7 @@ def _child_env(url: str, sandbox_url: str) -> dict[str, str]:
         "SECURE_SSL_REDIRECT": "0",  # the sandbox is plain HTTP on loopback
         "CELERY_BROKER_URL": "memory://",  # workers poll PostgreSQL; no doorbell reaches a real broker
         "SANDBOX_BASE_URL": sandbox_url,
+        "SANDBOX_ENABLED": "1",  # off by default with DEBUG off; this server is the bench's own sandbox
         "LOG_LEVEL": "ERROR",
     }
 
