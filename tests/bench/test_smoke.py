@@ -1,0 +1,46 @@
+"""Every documented benchmark still runs from its command: a tiny run of each.
+
+The figures are not checked (speed is measured by the benchmarks themselves,
+not by timed tests); what is checked is that each run finishes, verifies what
+it wrote, and prints its table. Each run creates and drops its own database on
+the test server, named per xdist worker so parallel runs never collide.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.workflow import ROOT, database_url
+
+pytestmark = [pytest.mark.django_db, pytest.mark.timeout(180)]
+
+
+def run_bench(script: str, *args: str) -> str:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "solo")
+    env = {**os.environ, "DATABASE_URL": database_url()}
+    database = f"smoke_{script.split('.')[0]}_{worker}"
+    done = subprocess.run(
+        [sys.executable, f"bench/{script}", "--database", database, "--no-save", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_the_transition_benchmark_runs_and_matches_advance():
+    out = run_bench("transitions.py", "--seconds", "0.5", "--warmup", "0.2", "--writers", "1,2")
+    assert "advance/raw" in out
+    assert "raw path out of date" not in out  # the raw path still writes what advance() writes
+
+
+def test_the_end_to_end_benchmark_runs_and_verifies_every_task():
+    out = run_bench("e2e.py", "--tasks", "20", "--recovery-tasks", "20")
+    assert "audit chains intact" in out and "SIGKILL all workers" in out
