@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from approvals.models import ApprovalDecision, ApprovalRequest
-from tasks.admin import ReadOnlyAdmin
+from audit.admin import ReadOnlyAdmin
 
 
 @admin.register(ApprovalRequest)

@@ -1,7 +1,19 @@
 from django.contrib import admin
 
 from audit.models import LeaseTakeover, TransitionEvent
-from tasks.admin import ReadOnlyAdmin
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Records only their own code writes (the log, state, checkpoints, the ledger): read-only here."""
+
+    def get_readonly_fields(self, request, obj=None):
+        return [field.name for field in self.model._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(TransitionEvent)

@@ -199,7 +199,7 @@ class Workers:
 
 
 def _make_orders(count: int, rng: random.Random) -> None:
-    from sandbox.models import Record
+    from demo.sandbox.models import Record
 
     Record.objects.bulk_create(
         Record(system="orders", record_id=f"E-{i}", data={"status": rng.choice(ORDER_STATUSES)})
@@ -247,9 +247,9 @@ def _verify(tenant: Any) -> int:
     """Every task: completed, the record's status in its outcome, chain intact, no step committed twice."""
     from django.db.models import Count
 
-    from audit.chain import verify_task
     from audit.models import TransitionEvent
-    from sandbox.models import Record
+    from audit.verify import verify_task
+    from demo.sandbox.models import Record
     from tasks.models import Task
 
     statuses = dict(Record.objects.filter(system="orders").values_list("record_id", "data__status"))

@@ -485,8 +485,8 @@ def _check_mirror(tenant: Any) -> list[str]:
 
 def _verify(phases: list[Phase]) -> tuple[int, int]:
     """Every benchmarked task: chain intact, newest checkpoint decodes, at the version its writer reached."""
-    from audit.chain import verify_task
     from audit.models import TransitionEvent
+    from audit.verify import verify_task
     from tasks import services
     from tasks.models import Task
 

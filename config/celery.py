@@ -19,7 +19,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("config")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["tasks", "ledger", "approvals"], related_name="workers")
+app.autodiscover_tasks(["runtime", "approvals"], related_name="workers")
 
 
 @worker_process_init.connect

@@ -36,13 +36,17 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "guardian",
     "django_htmx",
+    # Layers, lowest first (the contract in pyproject.toml, checked by import-linter):
     "tenancy",
     "audit",
-    "tasks",
     "ledger",
+    "tasks",
     "approvals",
+    "runtime",
+    "workflows",
     "console",
-    "sandbox",
+    "demo",
+    "demo.sandbox",
 ]
 
 MIDDLEWARE = [
@@ -127,8 +131,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["tasks.parsers.BoundedJSONParser"],
-    "EXCEPTION_HANDLER": "tasks.api_errors.exception_handler",
+    "DEFAULT_PARSER_CLASSES": ["api.parsers.BoundedJSONParser"],
+    "EXCEPTION_HANDLER": "api.errors.exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Durable agent execution API",

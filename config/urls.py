@@ -11,10 +11,9 @@ urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/", include("tasks.urls")),
-    path("api/", include("approvals.urls")),
+    path("api/", include("api.urls")),
     path("console/", include("console.urls")),
 ]
 
 if settings.SANDBOX_ENABLED:
-    urlpatterns.append(path("sandbox/", include("sandbox.urls")))
+    urlpatterns.append(path("sandbox/", include("demo.sandbox.urls")))

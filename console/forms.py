@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django import forms
 
-from tasks import services
+from runtime import controls
 
 
 class ControlForm(forms.Form):
@@ -11,10 +11,10 @@ class ControlForm(forms.Form):
         max_length=2000, widget=forms.TextInput(attrs={"placeholder": "Reason (required)"})
     )
     scope = forms.ChoiceField(
-        choices=[(s, s) for s in services.CANCEL_SCOPES], initial="task", required=False
+        choices=[(s, s) for s in controls.CANCEL_SCOPES], initial="task", required=False
     )
     escalate_to = forms.ChoiceField(
-        choices=[(r, r) for r in services.ESCALATION_ROLES], initial="admin", required=False
+        choices=[(r, r) for r in controls.ESCALATION_ROLES], initial="admin", required=False
     )
 
 

@@ -20,7 +20,8 @@ from audit.models import LeaseTakeover, TransitionEvent
 from console.access import can_operate, get_task_for_user
 from console.forms import ControlForm, DecisionForm
 from ledger.models import Action
-from tasks import selectors, services
+from runtime import controls
+from tasks import selectors
 from tasks.checkpoints import CheckpointUnreadable
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.leases import live_lease_exists
@@ -61,15 +62,15 @@ def queue(request):
 @login_required
 def task_detail(request, task_id):
     task = get_task_for_user(request.user, task_id)
-    controls = []
+    offered = []
     if can_operate(request.user, task):
         triggers = {move["trigger"] for move in selectors.allowed_moves(request.user, task)}
-        controls = [name for name, trigger in services.CONTROLS.items() if trigger in triggers]
+        offered = [name for name, trigger in controls.CONTROLS.items() if trigger in triggers]
     context = {
         "task": task,
         "events": TransitionEvent.objects.filter(task=task).order_by("-state_version")[:200],
         "checkpoints": Checkpoint.objects.filter(task=task).order_by("-state_version")[:20],
-        "controls": controls,
+        "controls": offered,
         "form": ControlForm(initial={"expected_version": task.state_version}),
         "ledger": selectors.ledger_summary(task),
         "actions": Action.objects.filter(task=task).order_by("id")[:50],
@@ -83,7 +84,7 @@ def task_detail(request, task_id):
 @login_required
 @require_POST
 def task_control(request, task_id, control):
-    if control not in services.CONTROLS:
+    if control not in controls.CONTROLS:
         raise Http404("No such control")
     task = get_task_for_user(request.user, task_id)
     if not can_operate(request.user, task):
@@ -98,7 +99,7 @@ def task_control(request, task_id, control):
         return redirect("console:task", task_id=task.id)
     data = {key: value for key, value in form.cleaned_data.items() if value not in ("", None)}
     try:
-        result = services.task_control(
+        result = controls.task_control(
             task, control, user=request.user, roles=selectors.roles_in(request.user, task), **data
         )
     except StaleVersion as exc:

@@ -1,7 +1,7 @@
 from django.contrib import admin
 
+from audit.admin import ReadOnlyAdmin
 from ledger.models import Action
-from tasks.admin import ReadOnlyAdmin
 
 
 @admin.register(Action)

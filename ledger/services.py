@@ -6,37 +6,20 @@ source state:
 - ``attempts``: the send count the writer saw. Each claim bumps it, so an
   answer about an earlier send (a slow worker, a slow lookup) can never
   settle a later one that happens to be in the same state (no ABA).
-- ``fence``: the lease of the worker writing on the task's behalf. The row
-  changes only while that lease is still the task's lease — the same fencing
-  token the transition primitive checks — so a worker that was paused while
+- ``fence``: a condition checked in the same statement — for a worker, that
+  its lease is still the task's lease (``tasks.leases.fence``: the same fencing
+  token the transition primitive checks), so a worker that was paused while
   another took its task over cannot claim, send or record anything.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from django.db.models import Exists, F
 from django.utils import timezone
 
 from ledger.models import DISPATCH_MOVES, Action, DispatchState
-from tasks.leases import Held
-from tasks.models import Lease
-
-
-@dataclass(frozen=True)
-class Fence:
-    """``lease`` must still be the task's lease; ``live``: and not yet expired."""
-
-    lease: Held
-    live: bool = True
-
-    def holds(self, now) -> Exists:
-        rows = Lease.objects.filter(
-            task_id=self.lease.task_id, token=self.lease.token, worker_id=self.lease.worker_id
-        )
-        return Exists(rows.filter(expires_at__gt=now) if self.live else rows)
 
 
 def action_move(
@@ -45,7 +28,7 @@ def action_move(
     target: str,
     *,
     attempts: int | None = None,
-    fence: Fence | None = None,
+    fence: Exists | None = None,
     **fields: Any,
 ) -> bool:
     """Compare-and-set ``dispatch_state`` from ``source`` to ``target``; False if it moved meanwhile
@@ -67,5 +50,5 @@ def action_move(
     if attempts is not None:
         rows = rows.filter(attempts=attempts)
     if fence is not None:
-        rows = rows.filter(fence.holds(now))
+        rows = rows.filter(fence)
     return rows.update(dispatch_state=target, updated_at=now, **fields) == 1

@@ -1,19 +1,7 @@
 from django.contrib import admin
 
+from audit.admin import ReadOnlyAdmin
 from tasks.models import Checkpoint, Lease, Policy, RuntimeConfig, Task
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """State, version, checkpoints are written by the transition primitive only."""
-
-    def get_readonly_fields(self, request, obj=None):
-        return [field.name for field in self.model._meta.fields]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Task)

@@ -120,6 +120,14 @@ def claim_next(*, worker_id: str, region: str, limit: int = 1, ttl: timedelta = 
     return [lease for lease in held if lease is not None]
 
 
+def fence(lease: Held, *, live: bool = True) -> Exists:
+    """The condition a write made on a task's behalf carries in its own statement: ``lease``
+    is still the task's lease (its token unchanged: nobody claimed the task since) and, if
+    ``live``, not yet expired."""
+    rows = Lease.objects.filter(task_id=lease.task_id, token=lease.token, worker_id=lease.worker_id)
+    return Exists(rows.filter(expires_at__gt=timezone.now()) if live else rows)
+
+
 def heartbeat(lease: Held, *, ttl: timedelta = DEFAULT_TTL) -> bool:
     """Extend a lease still held with this token; False means it was lost."""
     now = timezone.now()

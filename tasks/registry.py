@@ -1,9 +1,9 @@
-"""Task types: small declarative workflows of steps.
+"""The step DSL and the registry of task types (the types themselves live in ``workflows/``).
 
 A task type names its input model, its steps (by name, each saying which step
 comes next) and its policies: how many attempts a transient failure gets, what
 a policy change during a wait means, what an expired wait does. The engine
-(``tasks.engine``) interprets the steps; nothing here does I/O.
+(``runtime.engine``) interprets the steps; nothing here does I/O.
 
 Steps are written to be safe to run again from their checkpoint: evidence is
 re-read, model turns are recomputed, and a wait whose answer is already among
@@ -15,10 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, StringConstraints
 
 ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 Facts = Mapping[str, Any]
@@ -153,6 +152,8 @@ class TaskType:
     # ("invalidate": ask again), needs fresh evidence first ("refresh"), or does
     # not matter ("immaterial"). A policy version change always invalidates.
     material_facts: Mapping[str, Literal["invalidate", "refresh", "immaterial"]] = field(default_factory=dict)
+    # The scripted model's answer per prompt id (the demo's and the tests' deterministic model).
+    scripts: Mapping[str, Callable[[Facts], str]] = field(default_factory=dict)
     # Derives the first facts from the accepted input (by default: its scalar fields).
     initial_facts: Callable[[Mapping[str, Any]], dict[str, Any]] = lambda accepted: {
         key: value for key, value in accepted.items() if isinstance(value, str | int | float | bool | None)
@@ -196,186 +197,6 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-# --- the demo task types ------------------------------------------------------------------------
-
-
-class _Input(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class RefundRequestInput(_Input):
-    order_id: ShortText
-    customer_email: Annotated[str, StringConstraints(pattern=r"^[^@\s]+@[^@\s]+$", max_length=254)]
-    amount: Decimal = Field(gt=0, max_digits=12, decimal_places=2)
-    currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")] = "USD"
-    reason: Annotated[str, StringConstraints(max_length=2000)] = ""
-
-
-class OrderLookupInput(_Input):
-    order_id: ShortText
-
-
-class PayInvoiceInput(_Input):
-    invoice_id: ShortText
-    amount: Decimal = Field(gt=0, max_digits=12, decimal_places=2)
-    currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")] = "USD"
-
-
-register(
-    TaskType(
-        name="refund_request",
-        description="Read the order, ask the customer, await the return, open a ticket, refund, notify.",
-        input_model=RefundRequestInput,
-        prompt_id="refund-triage@1",
-        toolset_id="orders+payments@1",
-        replan_step="gather_evidence",
-        material_facts={"order_total": "invalidate", "order_status": "refresh", "triage": "immaterial"},
-        steps=(
-            ReadEvidence(
-                "gather_evidence",
-                next="triage",
-                system="orders",
-                record_from="order_id",
-                facts={"status": "order_status", "total": "order_total", "card": "refund_card"},
-            ),
-            ModelTurn(
-                "triage",
-                next="ask_customer",
-                prompt_id="refund-triage@1",
-                output="triage",
-                instructions="Decide whether this refund can proceed: answer 'refund' or 'escalate'.",
-                routes={"refund": "ask_customer", "escalate": "manual_review"},
-            ),
-            RequestInput(
-                "ask_customer",
-                next="await_return",
-                question="Which item was damaged?",
-                answer="damaged_item",
-            ),
-            AwaitExternal(
-                "await_return",
-                next="approve",
-                event_type="shipment.returned",
-                fact="return_tracking",
-                value="tracking_number",
-            ),
-            RequestApproval(
-                "approve",
-                next="open_ticket",
-                action_step="pay_refund",
-                on_rejected="approval_rejected",
-                reason="Refunds are paid only with an approver's consent (policy: refunds need four eyes).",
-            ),
-            Dispatch(
-                "open_ticket",
-                next="pay_refund",
-                connector="tickets",
-                output="ticket_ref",
-                effect=lambda f: {
-                    "kind": "ticket.open",
-                    "subject": f"Refund for order {f['order_id']}",
-                    "customer": f["customer_email"],
-                },
-            ),
-            Dispatch(
-                "pay_refund",
-                next="notify",
-                connector="payments",
-                output="payment_ref",
-                on_rejected="close_ticket",
-                approval="approve",
-                effect=lambda f: {
-                    "kind": "refund",
-                    "order_id": f["order_id"],
-                    "amount": f["amount"],
-                    "currency": f["currency"],
-                    "card": f.get("refund_card"),
-                },
-            ),
-            Dispatch(
-                "notify",
-                next="done",
-                connector="email",
-                output="email_ref",
-                effect=lambda f: {
-                    "kind": "email",
-                    "to": f["customer_email"],
-                    "template": "refund_paid",
-                    "order_id": f["order_id"],
-                },
-            ),
-            Complete(
-                "done", outcome=("order_id", "amount", "damaged_item", "return_tracking", "payment_ref")
-            ),
-            Dispatch(
-                "close_ticket",
-                next="refund_declined",
-                connector="tickets",
-                output="ticket_closed_ref",
-                compensates="open_ticket",
-                effect=lambda f: {
-                    "kind": "ticket.close",
-                    "ticket": f["ticket_ref"],
-                    "reason": "refund declined",
-                },
-            ),
-            Fail("refund_declined", reason="refund_rejected_by_payments"),
-            Fail("manual_review", reason="refund_needs_manual_review"),
-            Fail("approval_rejected", reason="refund_rejected_by_approver"),
-        ),
-    )
-)
-
-register(
-    TaskType(
-        name="order_lookup",
-        description="Look an order up in the order system, retrying while it is unavailable.",
-        input_model=OrderLookupInput,
-        prompt_id="order-lookup@1",
-        toolset_id="orders@1",
-        replan_step="lookup",
-        max_attempts=4,
-        backoff=timedelta(seconds=2),
-        steps=(
-            ReadEvidence(
-                "lookup",
-                next="summarize",
-                system="orders",
-                record_from="order_id",
-                facts={"status": "order_status"},
-            ),
-            ModelTurn(
-                "summarize",
-                next="done",
-                prompt_id="order-lookup@1",
-                output="summary",
-                instructions="Summarize the order's status in one sentence.",
-            ),
-            Complete("done", outcome=("order_id", "order_status", "summary")),
-        ),
-    )
-)
-
-register(
-    TaskType(
-        name="pay_invoice",
-        description="Pay one invoice: the smallest task with a side effect.",
-        input_model=PayInvoiceInput,
-        toolset_id="payments@1",
-        steps=(
-            Dispatch(
-                "pay",
-                next="done",
-                connector="payments",
-                output="payment_ref",
-                effect=lambda f: {
-                    "kind": "charge",
-                    "invoice": f["invoice_id"],
-                    "amount": f["amount"],
-                    "currency": f["currency"],
-                },
-            ),
-            Complete("done", outcome=("invoice_id", "amount", "payment_ref")),
-        ),
-    )
-)
+def scripts() -> dict[str, Callable[[Facts], str]]:
+    """Every registered type's scripted answers, by prompt id."""
+    return {prompt: script for kind in _REGISTRY.values() for prompt, script in kind.scripts.items()}

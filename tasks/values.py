@@ -25,7 +25,7 @@ import math
 import re
 from typing import Any
 
-MAX_DEPTH = 64  # the API's parser refuses deeper bodies before building them (tasks.parsers)
+MAX_DEPTH = 64  # the API's parser refuses deeper bodies before building them (api.parsers)
 MAX_QUOTED = 80  # how much of an offending key a message quotes
 
 # Every code point PostgreSQL text cannot take. A Python str holding a surrogate

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from django.db import connection
 
-from sandbox.models import Record
+from demo.sandbox.models import Record
 from tasks.models import Task
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,8 @@ from hypothesis.strategies import SearchStrategy
 from hypothesis_jsonschema import from_schema
 from rest_framework.test import APIClient
 
-from tasks import registry, services
+from runtime import controls
+from tasks import registry
 from tasks.models import Task
 from tests.conftest import api_client_for, make_task
 
@@ -173,8 +174,8 @@ PLAUSIBLE_CONTROL = st.fixed_dictionaries(
         "reason": st.text(max_size=50),
     },
     optional={
-        "scope": st.sampled_from([*services.CANCEL_SCOPES, "everything"]),
-        "escalate_to": st.sampled_from([*services.ESCALATION_ROLES, "president"]),
+        "scope": st.sampled_from([*controls.CANCEL_SCOPES, "everything"]),
+        "escalate_to": st.sampled_from([*controls.ESCALATION_ROLES, "president"]),
     },
 )
 
@@ -250,7 +251,7 @@ def test_the_schema_is_served_as_json_with_the_write_operations():
 
 def test_the_schema_documents_the_error_answers_of_the_write_operations():
     assert {400, 403, 409} <= documented(TASKS, "post")
-    for name in services.CONTROLS:
+    for name in controls.CONTROLS:
         assert {400, 403, 404, 409} <= documented(CONTROL_PATH % name, "post")
 
 

@@ -17,9 +17,10 @@ from django.db import connection
 
 from approvals.models import ApprovalRequest
 from audit.models import TransitionEvent
-from sandbox.models import Effect
-from tasks import runner, services
-from tasks.llm import Model
+from demo.sandbox.models import Effect
+from runtime import runner
+from runtime.llm import Model
+from tasks import services
 from tasks.models import Task
 from tasks.states import ActorKind, State
 from tasks.transitions import Actor

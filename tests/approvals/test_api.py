@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
 from audit.models import TransitionEvent
-from tasks import services as task_services
+from runtime import controls
 from tasks.models import Task
 from tasks.states import State
 from tenancy.models import Membership, Role
@@ -300,7 +300,7 @@ def test_the_task_detail_lists_its_pending_approval(waiting, operator):
 
 def test_a_task_canceled_while_waiting_for_approval_lists_no_pending_approval(waiting, admin_user, operator):
     # The request can never be decided now (the task no longer waits for it), so it is not pending.
-    task_services.task_control(
+    controls.task_control(
         waiting,
         "cancel",
         user=admin_user,

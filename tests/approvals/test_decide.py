@@ -17,9 +17,10 @@ from approvals import services
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus
 from approvals.services import ApprovalRefused, Decided, approval_decide, expire_pending
 from audit.models import TransitionEvent
-from tasks import engine, registry, sweep
+from runtime import controls, engine, sweep
+from runtime.llm import ScriptedModel
+from tasks import registry
 from tasks import services as task_services
-from tasks.llm import ScriptedModel
 from tasks.models import Policy, Task
 from tasks.states import State
 from tenancy.models import Membership, Role
@@ -231,7 +232,7 @@ def test_an_approver_without_the_object_permission_cannot_decide(waiting, acme):
 
 
 def test_a_decision_for_a_task_that_no_longer_waits_is_refused(waiting, approver, admin_user):
-    task_services.task_control(
+    controls.task_control(
         waiting,
         "cancel",
         user=admin_user,

@@ -6,8 +6,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
-from audit.chain import verify_task
 from audit.models import TransitionEvent
+from audit.verify import verify_task
 from tasks.models import Task
 from tasks.states import State
 from tasks.transitions import Actor, advance

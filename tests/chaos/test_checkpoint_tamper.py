@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
+from demo.sandbox.models import Effect
 from ledger.models import Action
-from sandbox.models import Effect
 from tasks.models import Task
 from tasks.states import State
 from tests.conftest import make_task

@@ -14,7 +14,7 @@ import time
 import pytest
 from django.utils import timezone
 
-from sandbox.models import Fault
+from demo.sandbox.models import Fault
 from tasks.models import Lease, Task
 from tasks.states import State
 from tests.chaos.processes import CeleryCluster, PostgresProxy

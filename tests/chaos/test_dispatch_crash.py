@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from audit.chain import verify_task
+from audit.verify import verify_task
+from demo.sandbox.models import Effect, Fault
 from ledger.models import Action, DispatchState
-from sandbox.models import Effect, Fault
-from tasks import services
+from runtime import controls
 from tasks.models import Task
 from tasks.states import State
 from tests.conftest import make_task
@@ -88,7 +88,7 @@ def test_a_cancel_while_the_send_is_in_flight_reports_the_payment_it_could_not_u
     task = invoice_task(acme)
     first = workers(pause_after="dispatched:payments", extra_env=FAST)
     first.wait_paused()
-    services.task_control(
+    controls.task_control(
         Task.objects.get(pk=task.pk),
         "cancel",
         user=operator,

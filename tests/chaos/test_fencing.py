@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from audit.chain import verify_task
 from audit.models import TransitionEvent
+from audit.verify import verify_task
+from demo.sandbox.models import Effect
 from ledger.models import Action, DispatchState
-from sandbox.models import Effect
 from tasks.models import Task
 from tasks.states import State
 from tests.conftest import make_task

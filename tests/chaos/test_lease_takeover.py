@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
 
 def worker_name(pid: int) -> str:
-    return f"{socket.gethostname()}:{pid}"  # tasks.workers.worker_id() of that process
+    return f"{socket.gethostname()}:{pid}"  # runtime.workers.worker_id() of that process
 
 
 def test_a_lease_taken_over_from_a_killed_worker_is_recorded_and_shown(acme, operator, workers):

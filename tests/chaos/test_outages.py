@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from audit.chain import verify_task
 from audit.models import TransitionEvent
-from sandbox.models import Effect, Fault
+from audit.verify import verify_task
+from demo.sandbox.models import Effect, Fault
 from tasks.models import Task
 from tasks.states import State
 from tests.conftest import make_task

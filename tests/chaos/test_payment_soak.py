@@ -38,12 +38,12 @@ from decimal import Decimal
 
 import pytest
 
-from audit.chain import verify_task
 from audit.models import TransitionEvent
+from audit.verify import verify_task
+from demo.sandbox.models import Effect, Fault
 from ledger.connectors.base import OutcomeUnknown
 from ledger.connectors.http import HTTPConnector
 from ledger.models import SETTLED_OK, Action, DispatchState
-from sandbox.models import Effect, Fault
 from tasks.models import Task
 from tasks.states import TERMINAL, State
 from tests.conftest import make_task

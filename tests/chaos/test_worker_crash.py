@@ -18,9 +18,9 @@ import pytest
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
-from audit.chain import verify_task
 from audit.models import TransitionEvent
-from sandbox.models import Effect, Fault
+from audit.verify import verify_task
+from demo.sandbox.models import Effect, Fault
 from tasks import services
 from tasks.models import Lease, Task
 from tasks.states import ActorKind, State

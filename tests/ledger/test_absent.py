@@ -15,15 +15,15 @@ from datetime import timedelta
 
 import pytest
 
-from audit.chain import verify_task
 from audit.models import TransitionEvent
+from audit.verify import verify_task
+from demo.sandbox.models import Effect, Fault
 from ledger.models import Action, DispatchState
-from ledger.reconcile import recheck_absent, reconcile_unknown, resend_backoff
-from sandbox.models import Effect, Fault
-from tasks import runner, services
+from runtime import controls, runner
+from runtime.reconcile import recheck_absent, reconcile_unknown, resend_backoff
+from runtime.sweep import sweep
 from tasks.models import Task
 from tasks.states import State
-from tasks.sweep import sweep
 from tests.conftest import make_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -53,7 +53,7 @@ def run(task: Task) -> Task:
 
 
 def cancel(task: Task, operator) -> Task:
-    return services.task_control(
+    return controls.task_control(
         task,
         "cancel",
         user=operator,

@@ -11,13 +11,14 @@ import time
 import pytest
 
 from audit.models import TransitionEvent
+from demo.sandbox.models import Effect, Fault
 from ledger.models import Action, DispatchState
-from ledger.reconcile import reconcile_unknown
-from sandbox.models import Effect, Fault
-from tasks import runner, services
+from runtime import controls, runner
+from runtime.reconcile import reconcile_unknown
+from runtime.sweep import sweep
+from tasks import services
 from tasks.models import Task
 from tasks.states import ActorKind, State
-from tasks.sweep import sweep
 from tasks.transitions import Actor
 from tests.conftest import make_task
 from tests.workflow import approve, put_order
@@ -197,7 +198,7 @@ def test_cancel_during_an_unsettled_dispatch_reconciles_and_reports_the_effect(a
     fault("timeout", seconds=1)
     task = run(invoice_task(acme))
     assert task.state == State.OUTCOME_UNKNOWN
-    services.task_control(
+    controls.task_control(
         task,
         "cancel",
         user=operator,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sandbox.models import Effect, Fault
+from demo.sandbox.models import Effect, Fault
 
 pytestmark = pytest.mark.django_db
 

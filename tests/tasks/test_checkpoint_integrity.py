@@ -18,8 +18,9 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import Client
 
-from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS, event_hash, verify_task
+from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS, event_hash
 from audit.models import TransitionEvent
+from audit.verify import verify_task
 from tasks import checkpoints, services
 from tasks.models import Checkpoint, Task
 from tasks.states import State

@@ -18,7 +18,8 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from audit.models import TransitionEvent
-from tasks import leases, sweep
+from runtime import sweep
+from tasks import leases
 from tasks.exceptions import LeaseLost
 from tasks.leases import Held
 from tasks.models import Lease, Task

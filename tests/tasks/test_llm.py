@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tasks.llm import ModelUnavailable, OpenAICompatibleModel, Reply, ScriptedModel
+from runtime.llm import ModelUnavailable, OpenAICompatibleModel, Reply, ScriptedModel
 
 
 @dataclass(frozen=True)

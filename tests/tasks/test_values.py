@@ -18,9 +18,10 @@ from django.db import OperationalError
 from django.utils import timezone
 
 from audit.models import TransitionEvent
-from tasks import checkpoints, engine, evidence, llm, runner, values
+from runtime import engine, evidence, llm, runner
+from runtime.llm import Reply, ScriptedModel
+from tasks import checkpoints, values
 from tasks.decisions import Decision
-from tasks.llm import Reply, ScriptedModel
 from tasks.models import ExternalEvent, Task
 from tasks.services import latest_checkpoint
 from tasks.states import State, Trigger

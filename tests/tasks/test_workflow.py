@@ -12,7 +12,8 @@ import pytest
 from django.utils import timezone
 
 from audit.models import TransitionEvent
-from tasks import runner, services, sweep
+from runtime import controls, runner, sweep
+from tasks import services
 from tasks.models import ExternalEvent, Policy, RuntimeConfig, Task, TaskInput
 from tasks.states import ActorKind, State
 from tasks.transitions import Actor
@@ -220,14 +221,14 @@ def test_a_checkpoint_naming_a_step_the_code_no_longer_has_quarantines(acme):
 
 def test_a_stale_decision_is_discarded_not_applied(acme, admin_user, monkeypatch):
     """A worker whose task moved on while it was thinking commits nothing."""
-    from tasks import engine
+    from runtime import engine
 
     task = make_task(acme)
     real_decide = engine.decide
 
     def decide_slowly(task, checkpoint, **kwargs):
         decision = real_decide(task, checkpoint, **kwargs)
-        services.task_control(
+        controls.task_control(
             task,
             "escalate",
             user=admin_user,
@@ -280,7 +281,7 @@ def test_an_approval_whose_approver_lost_the_role_is_asked_again(acme, operator,
 
 
 def test_an_event_delivered_while_the_worker_decides_to_wait_is_not_lost(acme, monkeypatch):
-    from tasks import engine
+    from runtime import engine
 
     task = answer(waiting_for_input(acme))
     real_decide = engine.decide

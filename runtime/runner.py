@@ -2,7 +2,7 @@
 
 1. Claim the task's lease (or give up: someone else holds it).
 2. Load the task and its checkpoint (an unreadable checkpoint quarantines it).
-3. Decide the next transition from the checkpoint (``tasks.engine``).
+3. Decide the next transition from the checkpoint (``runtime.engine``).
 4. Commit it through ``advance`` at the version it was decided from, fenced
    by the lease; a stale version or a lost lease discards the decision. A
    commit the database refuses for this task's data (``DataError``, an
@@ -20,9 +20,10 @@ from uuid import UUID
 from django.db import DatabaseError, DataError, IntegrityError
 from django.utils import timezone
 
-from tasks import chaos, decisions, engine, leases, services, values
+from runtime import chaos, engine
+from runtime.llm import Model, default_model
+from tasks import decisions, leases, services, values
 from tasks.exceptions import StaleVersion, TransitionError
-from tasks.llm import Model, default_model
 from tasks.models import Task
 from tasks.states import RUNNABLE, State, Trigger
 from tasks.transitions import Actor, advance

@@ -5,7 +5,7 @@
 3. run each until it waits or ends; sleep ``--idle`` seconds when none was found;
 4. the database went away (restart, failover: the round raised a connection
    error): never exit — reconnect with capped, jittered backoff, give back the
-   leases held when it broke (``tasks.reconnect``), and go on with step 1.
+   leases held when it broke (``runtime.reconnect``), and go on with step 1.
 SIGTERM/SIGINT: finish the task in hand, then exit. ``--once`` runs one round.
 The Celery worker (``celery -A config worker``) runs the same resume loop per doorbell.
 """
@@ -21,9 +21,8 @@ from django.core.management.base import BaseCommand
 
 from approvals import services as approvals
 from config import otel
-from ledger import reconcile
-from tasks import reconnect, runner, sweep
-from tasks.workers import worker_id
+from runtime import reconcile, reconnect, runner, sweep
+from runtime.workers import worker_id
 
 
 class Command(BaseCommand):

@@ -22,7 +22,8 @@ from celery.worker.request import Request
 from django.conf import settings
 from django.db import DatabaseError
 
-from tasks import doorbell, leases, reconnect, runner, sweep
+from runtime import reconcile, reconnect, runner, sweep
+from tasks import doorbell, leases
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,11 @@ def run_task(task_id: str) -> str:
                 return "database_unavailable"
 
 
-@shared_task(name="tasks.sweep")
+@shared_task(name="tasks.sweep")  # message names outlive module moves: kept
 def sweep_task() -> dict[str, int]:
     return vars(sweep.sweep(doorbell.ring))
+
+
+@shared_task(name="ledger.reconcile_unknown")
+def reconcile_unknown() -> int:
+    return reconcile.reconcile_unknown()

@@ -18,14 +18,14 @@ from django.conf import settings
 
 from approvals import services as approvals
 from approvals.models import ApprovalStatus
-from ledger import dispatch, reconcile
 from ledger.models import IN_DOUBT, SENDABLE, SETTLED_FAILED, SETTLED_OK, Action
-from tasks import evidence, llm, registry, validation
+from runtime import dispatch, evidence, llm, reconcile, validation
+from runtime.llm import Model, ModelUnavailable
+from tasks import registry
 from tasks.checkpoints import Checkpoint, EvidenceRef, Progress, ToolCallRecord, as_fact
 from tasks.decisions import Decision, quarantine, retry_later
 from tasks.exceptions import StaleVersion
 from tasks.leases import Held
-from tasks.llm import Model, ModelUnavailable
 from tasks.models import ExternalEvent, Task
 from tasks.states import State, Trigger
 from tasks.transitions import ActionIntent
@@ -150,7 +150,7 @@ def _run_step(
                 .first()
             )
             if early is not None:
-                # Checked when it arrived (tasks.api) and stored as jsonb since: as_fact cannot refuse it.
+                # Checked when it arrived (api.tasks) and stored as jsonb since: as_fact cannot refuse it.
                 facts[step.fact] = as_fact(early.payload.get(step.value))
                 return _advance_to(
                     progress,

@@ -26,6 +26,7 @@ from approvals.models import ApprovalRequest, ApprovalStatus
 from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS
 from audit.models import LeaseTakeover, TransitionEvent
 from ledger.models import Action
+from runtime import controls
 from tasks import checkpoints, registry, selectors, services, values
 from tasks.models import Checkpoint, Lease, Task
 from tasks.states import ActorKind, State
@@ -441,8 +442,8 @@ class TaskControlApi(APIView):
     class ControlInput(serializers.Serializer):
         expected_version = serializers.IntegerField(min_value=1, max_value=MAX_VERSION)
         reason = serializers.CharField(max_length=2000)
-        scope = serializers.ChoiceField(choices=services.CANCEL_SCOPES, default="task")
-        escalate_to = serializers.ChoiceField(choices=services.ESCALATION_ROLES, default="admin")
+        scope = serializers.ChoiceField(choices=controls.CANCEL_SCOPES, default="task")
+        escalate_to = serializers.ChoiceField(choices=controls.ESCALATION_ROLES, default="admin")
 
         def validate_reason(self, value: str) -> str:
             _storable(value, "reason")
@@ -470,7 +471,7 @@ class TaskControlApi(APIView):
             raise PermissionDenied("Operator controls need the operator or admin role in this tenant.")
         body = self.ControlInput(data=request.data)
         body.is_valid(raise_exception=True)
-        result = services.task_control(
+        result = controls.task_control(
             task, self.control, user=request.user, roles=roles, **body.validated_data
         )
         task = get_object_or_404(Task.objects.select_related("tenant", "owner"), pk=result.task.pk)

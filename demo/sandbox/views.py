@@ -22,7 +22,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
-from sandbox.models import Effect, Fault, Record
+from demo.sandbox.models import Effect, Fault, Record
 
 SYSTEMS = ("payments", "tickets", "email", "orders")
 HANG_SECONDS = 30  # longer than any connector timeout

@@ -2,7 +2,7 @@
 
 1. Claim: one guarded UPDATE moves the action ``intended``/``reconciled_absent``
    -> ``dispatching``, only while the worker's lease is still live with its
-   fencing token (``ledger.services.Fence``). A second claimer, or a worker
+   fencing token (``tasks.leases.fence``). A second claimer, or a worker
    whose task was taken over while it was paused, changes nothing.
 2. Check, then send: right before the request leaves, the worker checks its
    fence again and that it is still within ``SEND_WINDOW`` of its claim on
@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from ledger import connectors
 from ledger.connectors.base import OutcomeUnknown, Rejected
 from ledger.models import SENDABLE, Action, DispatchState
-from ledger.services import Fence, action_move
-from tasks import chaos
+from ledger.services import action_move
+from runtime import chaos
+from tasks import leases
 from tasks.exceptions import LeaseLost
 from tasks.leases import Held
 from tasks.models import Lease
@@ -66,7 +67,7 @@ def claim(action_id: int, *, lease: Held) -> Claimed | None:
         action.dispatch_state,
         DispatchState.DISPATCHING,
         attempts=action.attempts,
-        fence=Fence(lease),
+        fence=leases.fence(lease),
     )
     if not moved:
         unchanged = Action.objects.filter(
@@ -129,7 +130,7 @@ def send(claimed: Claimed) -> Action:
         DispatchState.DISPATCHING,
         target,
         attempts=action.attempts,
-        fence=Fence(claimed.lease, live=False),
+        fence=leases.fence(claimed.lease, live=False),
         **fields,
     )
     if not recorded:

@@ -24,7 +24,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from approvals import services as approvals
-from tasks import evidence, registry
+from runtime import evidence
+from tasks import registry
 from tasks.checkpoints import Checkpoint
 from tasks.decisions import Decision, quarantine, retry_later
 from tasks.models import Policy, RuntimeConfig, Task

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from sandbox import views
+from demo.sandbox import views
 
 urlpatterns = [
     path("faults/", views.faults, name="sandbox-faults"),

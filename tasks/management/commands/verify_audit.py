@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from audit.chain import verify_task
+from audit.verify import verify_task
 from tasks.models import Task
 
 

@@ -36,7 +36,7 @@ from ledger import connectors
 from ledger.connectors.base import Outcome, OutcomeUnknown
 from ledger.models import IN_DOUBT, Action, DispatchState
 from ledger.services import action_move
-from tasks import chaos
+from runtime import chaos
 from tasks import services as task_services
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import Task

@@ -18,9 +18,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from approvals import services as approvals
+from demo.sandbox.models import Record
 from ledger.models import Action, DispatchState
 from ledger.services import action_move
-from sandbox.models import Record
 from tasks import checkpoints, decisions, registry, services
 from tasks.models import Policy, RuntimeConfig
 from tasks.services import task_create

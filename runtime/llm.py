@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import httpx
 from django.conf import settings
 
-from tasks import values
+from tasks import registry, values
 from tasks.checkpoints import MAX_FACT_LENGTH
 
 
@@ -66,12 +66,12 @@ Script = Callable[[Mapping[str, Any]], str]
 
 
 class ScriptedModel:
-    """Deterministic answers per prompt id: the demo's and the tests' model."""
+    """Deterministic answers per prompt id (each workflow's ``scripts``): the demo's and the tests' model."""
 
     model_id = "scripted-v1"
 
     def __init__(self, scripts: Mapping[str, Script] | None = None):
-        self.scripts = dict(SCRIPTS if scripts is None else scripts)
+        self.scripts = dict(registry.scripts() if scripts is None else scripts)
 
     def complete(self, *, prompt_id: str, system: str, facts: Mapping[str, Any]) -> Reply:
         script = self.scripts.get(prompt_id)
@@ -121,21 +121,6 @@ class OpenAICompatibleModel:
         if not isinstance(text, str):
             raise ModelUnavailable("model reply has no text content")
         return Reply(text.strip(), f"openai-compatible:{payload.get('model', self.model)}")
-
-
-def _refund_triage(facts: Mapping[str, Any]) -> str:
-    """Approve refunds the order supports; anything else goes to a person."""
-    delivered = facts.get("order_status") == "delivered"
-    within = float(facts.get("amount") or 0) <= float(facts.get("order_total") or 0)
-    return "refund" if delivered and within else "escalate"
-
-
-SCRIPTS: dict[str, Script] = {
-    "refund-triage@1": _refund_triage,
-    "order-lookup@1": lambda facts: (
-        f"order {facts.get('order_id')} is {facts.get('order_status', 'unknown')}"
-    ),
-}
 
 
 @cache

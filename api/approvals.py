@@ -11,10 +11,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from api.tasks import OldestFirst
 from approvals import selectors, services
 from approvals.models import ApprovalRequest, ApprovalStatus, Decision
 from tasks import values
-from tasks.api import OldestFirst
 
 
 class ApprovalOut(serializers.ModelSerializer):

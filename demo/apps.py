@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class DemoConfig(AppConfig):
+    """The demo: seed_demo, run_demo and the simulated external systems (``demo.sandbox``)."""
+
+    name = "demo"

@@ -1,0 +1,109 @@
+"""Operator controls: retry, cancel, reconcile, quarantine, release, escalate.
+
+Each is one transition at the expected version, pulled by a person whose
+tenant roles allow that edge of the transition table (``tasks.states``), with
+a reason; ``reconcile`` asks the authoritative systems first
+(``runtime.reconcile``). Views and API endpoints call ``task_control`` only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.reconcile import reconcile_task
+from tasks import services
+from tasks.exceptions import StaleVersion, TransitionNotAllowed
+from tasks.models import Task
+from tasks.states import State, Trigger, edges_from, kinds_for_roles
+from tasks.transitions import Actor, advance
+
+# Operator controls, by name, and the trigger each pulls. Targets come from the
+# transition table (the one edge with that trigger leaving the current state).
+CONTROLS: dict[str, Trigger] = {
+    "cancel": Trigger.CANCEL,
+    "quarantine": Trigger.QUARANTINE,
+    "release": Trigger.RELEASE,
+    "retry": Trigger.RETRY,
+    "escalate": Trigger.ESCALATE,
+    "reconcile": Trigger.RECONCILED,
+}
+# Controls whose result is visible in the state alone: repeating one is a no-op.
+_SETTLED_BY_STATE = {"cancel": State.CANCEL_REQUESTED, "quarantine": State.QUARANTINED}
+CANCEL_SCOPES = ("model_turn", "tool_call", "children", "task")
+ESCALATION_ROLES = ("operator", "approver", "admin")
+
+
+@dataclass(frozen=True)
+class ControlResult:
+    task: Task
+    applied: bool
+    note: str = ""
+
+
+def task_control(
+    task: Task,
+    control: str,
+    *,
+    user: Any,
+    roles: frozenset[str],
+    expected_version: int,
+    reason: str,
+    scope: str = "task",
+    escalate_to: str = "admin",
+) -> ControlResult:
+    """Apply an operator control at ``expected_version`` as ``user`` holding ``roles``.
+
+    A control whose outcome already holds (cancel on a task already
+    ``cancel_requested``, quarantine on a quarantined one) applies nothing and
+    reports ``applied=False``. Otherwise refuses like ``advance``:
+    ``StaleVersion`` or ``TransitionNotAllowed`` (no such edge from the
+    current state for this actor).
+    """
+    trigger = CONTROLS[control]
+    settled = _SETTLED_BY_STATE.get(control)
+    if settled is not None and task.state == settled:
+        return ControlResult(task, applied=False)
+    if task.state_version != expected_version:
+        raise StaleVersion(
+            f"task is at version {task.state_version}, not {expected_version}",
+            state=task.state,
+            state_version=task.state_version,
+        )
+    kinds = kinds_for_roles(roles)
+    edge = next((e for e in edges_from(task.state, kinds=kinds) if e.trigger == trigger), None)
+    if edge is None:
+        raise TransitionNotAllowed(
+            f"{control} is not possible from {task.state} with roles {sorted(roles)}",
+            state=task.state,
+            state_version=task.state_version,
+        )
+    actor = Actor.user(user, min(edge.by & kinds))
+    if control == "reconcile":
+        result = reconcile_task(task.id, actor=actor, force=True)  # asked by a person: ask the system now
+        note = "; ".join(result.settled) or "nothing was in doubt"
+        if result.still_unknown:
+            note = f"{result.still_unknown} still unknown: {note}"
+        return ControlResult(result.task, applied=result.moved, note=note)
+    changes: dict[str, Any] = {}
+    reason_code = control
+    if control == "escalate":
+        changes = {
+            "escalation_level": task.escalation_level + 1,
+            "escalated_to": escalate_to,
+            "escalation_reason": reason,
+        }
+    elif control == "cancel":
+        reason_code = f"cancel:{scope}"
+    task = advance(
+        task.id,
+        expected_version,
+        edge.target,
+        actor=actor,
+        trigger=trigger,
+        reason=reason,
+        reason_code=reason_code,
+        **changes,
+    )
+    services.ring_if_runnable(task)
+    return ControlResult(task, applied=True)
