@@ -8,6 +8,7 @@ class WorkflowsConfig(AppConfig):
     name = "workflows"
 
     def ready(self) -> None:
-        # Every module of the package is a task type that registers itself on import.
+        # Every other module of the package is a task type that registers itself on import.
         for module in pkgutil.iter_modules(importlib.import_module(self.name).__path__):
-            importlib.import_module(f"{self.name}.{module.name}")
+            if module.name != "apps":
+                importlib.import_module(f"{self.name}.{module.name}")
