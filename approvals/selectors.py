@@ -1,20 +1,38 @@
-"""Read-side queries: tenant first, then the object permission (django-guardian)."""
+"""Read-side queries: tenant first, then the object permission (django-guardian).
+
+Who may decide a request (``decidable``) is one SQL condition, so the inbox, its
+count, a request page and ``GET /api/approvals/?status=pending`` each cost one
+query whose work depends on the page read, not on how many requests are pending:
+the grant is looked up per request through the direct object-permission tables
+(``approvals.models.ApprovalRequestGroupPermission``: uuid foreign key, indexed),
+never by guardian's generic, text-typed ``object_pk``.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote
+from uuid import UUID
 
 import django_filters
-from django.db.models import F
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.db.models import BooleanField, Exists, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models.expressions import RawSQL
 from django.http import Http404
 from django.utils import timezone
-from guardian.shortcuts import get_objects_for_user
 
-from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.models import (
+    ApprovalRequest,
+    ApprovalRequestGroupPermission,
+    ApprovalRequestUserPermission,
+    ApprovalStatus,
+)
 from config.external import connector_url
 from tasks.states import State
-from tenancy.selectors import tenant_ids_for
+from tenancy.selectors import roles_by_tenant, tenant_ids_for
 
 DECIDE = "approvals.decide_approvalrequest"
 
@@ -29,11 +47,11 @@ class ApprovalFilter(django_filters.FilterSet):
         fields = ["status", "task_type", "tenant"]
 
 
-def visible_requests(user: Any):
+def visible_requests(user: Any) -> QuerySet[ApprovalRequest]:
     return ApprovalRequest.objects.filter(tenant_id__in=tenant_ids_for(user))
 
 
-def get_visible_request(user: Any, request_id) -> ApprovalRequest:
+def get_visible_request(user: Any, request_id: UUID | str) -> ApprovalRequest:
     found = (
         visible_requests(user).select_related("task", "tenant", "decision__decided_by").filter(pk=request_id)
     )
@@ -58,18 +76,225 @@ def evidence_url(ref: dict[str, Any]) -> str:
     return f"{connector_url(ref.get('system', ''))}/records/{quote(str(ref.get('record_id', '')), safe='')}"
 
 
-def inbox(user: Any):
-    """Requests ``user`` may decide now, oldest first."""
-    live = (
-        ApprovalRequest.objects.filter(
-            tenant_id__in=tenant_ids_for(user),
-            status=ApprovalStatus.PENDING,
-            expires_at__gt=timezone.now(),
-            task__state=State.WAITING_APPROVAL,
-            task__state_version=F("waiting_version"),
-        )
-        .exclude(requested_by=f"user:{user.get_username()}")
-        .select_related("task", "tenant", "decision__decided_by")
+def decidable(user: Any) -> Q:
+    """The condition "``user`` may decide this request", as ``approval_decide`` checks it one by one.
+
+    The request's ``approver_role`` held in its tenant, the ``decide`` object
+    permission (granted to the user or to one of their groups; superusers hold
+    every permission, as ``user.has_perm`` says), and not their own request.
+    """
+    by_role = Q(pk__in=[])  # no roles: nothing (and no query at all)
+    for tenant_id, held in roles_by_tenant(user).items():
+        by_role |= Q(tenant_id=tenant_id, approver_role__in=sorted(held))
+    if not user.is_authenticated:
+        return by_role
+    condition = by_role & ~Q(requested_by=f"user:{user.get_username()}")
+    if user.is_superuser:
+        return condition
+    app_label, codename = DECIDE.split(".")
+    permission = Permission.objects.filter(content_type__app_label=app_label, codename=codename).values("pk")
+    groups = get_user_model().groups.through.objects.filter(user_id=user.pk).values("group_id")
+    via_group = ApprovalRequestGroupPermission.objects.filter(
+        content_object=OuterRef("pk"), permission_id=Subquery(permission[:1]), group_id__in=groups
     )
-    mine = get_objects_for_user(user, DECIDE, klass=live, accept_global_perms=False)
-    return mine.filter(tenant_id__in=tenant_ids_for(user, ["approver"])).order_by("created_at")
+    if not _holds_own_grants(user):
+        # The usual case (grants go to role groups): a plain AND, which PostgreSQL turns
+        # into a semi-join probing the grant index once per row it reads. Inside an OR it
+        # would build a hash of every grant instead, which grows with the backlog.
+        return condition & Q(Exists(via_group))
+    via_user = ApprovalRequestUserPermission.objects.filter(
+        content_object=OuterRef("pk"), permission_id=Subquery(permission[:1]), user_id=user.pk
+    )
+    return condition & (Q(Exists(via_group)) | Q(Exists(via_user)))
+
+
+def _holds_own_grants(user: Any) -> bool:
+    """Was ``user`` granted any request in person (not through a group)? Asked once per request cycle."""
+    cached = getattr(user, "_holds_approval_grants", None)
+    if cached is None:
+        cached = ApprovalRequestUserPermission.objects.filter(user_id=user.pk).exists()
+        user._holds_approval_grants = cached
+    return cached
+
+
+def live_requests() -> QuerySet[ApprovalRequest]:
+    """Pending, unexpired requests whose task still waits for exactly them (``is_live`` in SQL)."""
+    return ApprovalRequest.objects.filter(
+        status=ApprovalStatus.PENDING,
+        expires_at__gt=timezone.now(),
+        task__state=State.WAITING_APPROVAL,
+        task__state_version=F("waiting_version"),
+    )
+
+
+def inbox(user: Any) -> QuerySet[ApprovalRequest]:
+    """Requests ``user`` may decide now, oldest first."""
+    return (
+        live_requests()
+        .filter(decidable(user))
+        .select_related("task", "tenant", "decision__decided_by")
+        .order_by("created_at")
+    )
+
+
+def may_decide_now(user: Any, request: ApprovalRequest) -> bool:
+    return inbox(user).filter(pk=request.pk).exists()
+
+
+# The console inbox: what it lists, in which order, and how far it counts.
+DECIDED_BY_ME = "decided_by_me"
+STATUSES = {
+    ApprovalStatus.PENDING.value: "Waiting for me",
+    DECIDED_BY_ME: "Decided by me",
+    ApprovalStatus.APPROVED.value: "Approved",
+    ApprovalStatus.REJECTED.value: "Rejected",
+    ApprovalStatus.EXPIRED.value: "Expired",
+    ApprovalStatus.INVALIDATED.value: "Invalidated",
+}
+# sort name -> (label, column, descending)
+SORTS = {
+    "time_left": ("Least time left", "expires_at", False),
+    "oldest": ("Oldest first", "created_at", False),
+    "newest": ("Newest first", "created_at", True),
+}
+COUNT_CAP = 500  # the inbox counts up to here ("500+"): counting further would grow with the backlog
+BADGE_CAP = 99
+
+
+@dataclass(frozen=True)
+class InboxPage:
+    rows: list[ApprovalRequest]
+    total: int  # up to ``COUNT_CAP``
+    more_than_total: bool  # there are more than ``total``
+    next_cursor: str  # "" on the last page
+
+
+def _listed(user: Any, status: str) -> QuerySet[ApprovalRequest]:
+    if status == ApprovalStatus.PENDING:
+        return live_requests().filter(decidable(user))
+    if status == DECIDED_BY_ME:
+        return visible_requests(user).filter(decision__decided_by_id=user.pk)
+    return visible_requests(user).filter(status=status)
+
+
+def _cursor(row: ApprovalRequest, column: str) -> str:
+    return f"{getattr(row, column).isoformat()}~{row.pk}"
+
+
+def _after(cursor: str) -> tuple[datetime, UUID] | None:
+    """The position a cursor names, or ``None`` (first page) for a missing or mangled one."""
+    try:
+        when, pk = cursor.split("~")
+        at = datetime.fromisoformat(when)
+        return (at, UUID(pk)) if at.tzinfo is not None else None
+    except ValueError:
+        return None
+
+
+def inbox_page(
+    user: Any,
+    *,
+    status: str = ApprovalStatus.PENDING,
+    sort: str = "time_left",
+    task_type: str = "",
+    tenant_id: int | None = None,
+    cursor: str = "",
+    size: int = 50,
+) -> InboxPage:
+    """One page of the console's approvals list, keyset-paged on (sort column, id).
+
+    Three queries however long the list: the page, its (capped) count, and
+    nothing else -- rows come with their task, tenant and decision.
+    """
+    _label, column, descending = SORTS.get(sort, SORTS["time_left"])
+    listed = _listed(user, status if status in STATUSES else ApprovalStatus.PENDING)
+    if task_type:
+        listed = listed.filter(task__task_type=task_type)
+    if tenant_id is not None:
+        listed = listed.filter(tenant_id=tenant_id)
+    total = listed.order_by()[: COUNT_CAP + 1].count()
+    page = listed
+    position = _after(cursor)
+    if position is not None:
+        table = ApprovalRequest._meta.db_table
+        compare = "<" if descending else ">"
+        page = page.filter(
+            RawSQL(f'("{table}"."{column}", "{table}"."id") {compare} (%s, %s)', position, BooleanField())
+        )
+    order = [f"-{column}", "-id"] if descending else [column, "id"]
+    rows = list(page.select_related("task", "tenant", "decision__decided_by").order_by(*order)[: size + 1])
+    return InboxPage(
+        rows=rows[:size],
+        total=min(total, COUNT_CAP),
+        more_than_total=total > COUNT_CAP,
+        next_cursor=_cursor(rows[size - 1], column) if len(rows) > size else "",
+    )
+
+
+def pending_count(user: Any, cap: int = BADGE_CAP) -> int:
+    """How many requests ``user`` may decide now, counted up to ``cap`` + 1 (one COUNT)."""
+    return live_requests().filter(decidable(user)).order_by()[: cap + 1].count()
+
+
+def earlier_request(request: ApprovalRequest) -> ApprovalRequest | None:
+    """The request made before ``request`` for the same task and action step (a repeat's original)."""
+    return (
+        ApprovalRequest.objects.filter(
+            task_id=request.task_id, action_step=request.action_step, created_at__lt=request.created_at
+        )
+        .select_related("decision__decided_by")
+        .order_by("-created_at")
+        .first()
+    )
+
+
+@dataclass(frozen=True)
+class Change:
+    what: str  # "effect.amount", "fact order_total", "evidence orders/A-1"
+    before: Any
+    after: Any
+
+
+def _flat(prefix: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        flat: dict[str, Any] = {}
+        for key, inner in value.items():
+            flat.update(_flat(f"{prefix}.{key}" if prefix else str(key), inner))
+        return flat
+    return {prefix: value}
+
+
+def _evidence_versions(refs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {f"{ref.get('system')}/{ref.get('record_id')}": ref.get("record_version") for ref in refs}
+
+
+def _changes(before: dict[str, Any], after: dict[str, Any], label: str) -> list[Change]:
+    return [
+        Change(f"{label}{key}", before.get(key), after.get(key))
+        for key in sorted(before.keys() | after.keys())
+        if before.get(key) != after.get(key)
+    ]
+
+
+def repeat_changes(earlier: ApprovalRequest, request: ApprovalRequest) -> list[Change]:
+    """What a repeat request asks differently: the consequential fields, the facts, the evidence versions."""
+    return [
+        *_changes(_flat("", earlier.consequential), _flat("", request.consequential), ""),
+        *_changes(earlier.material, request.material, "fact "),
+        *_changes(_evidence_versions(earlier.evidence), _evidence_versions(request.evidence), "evidence "),
+    ]
+
+
+def evidence_changes(request: ApprovalRequest, current: list[dict[str, Any]]) -> list[Change]:
+    """Records whose version the task holds now differs from the one the request was made with.
+
+    ``current`` is the evidence of the task's newest checkpoint (what the task
+    last read), not a fresh read of the systems; a record the task no longer
+    holds is not a change.
+    """
+    now = _evidence_versions(current)
+    return [
+        Change(f"evidence {key}", version, now[key])
+        for key, version in _evidence_versions(request.evidence).items()
+        if key in now and now[key] != version
+    ]

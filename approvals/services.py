@@ -63,7 +63,7 @@ def request_decision(
     why: str = "",
 ) -> StepDecision:
     """Ask for approval: enter ``waiting_approval`` with the request committed in the same transaction."""
-    action = kind.step(step.action_step)
+    action = kind.step_as(step.action_step, registry.Dispatch)
     facts = dict(progress.facts)
     fields = consequential_fields(action, facts)
     request = ApprovalRequest(
@@ -79,12 +79,16 @@ def request_decision(
         policy_reason=step.reason,
         policy_version=task.policy_version,
         approver_role=step.approver_role,
-        requested_by=f"user:{task.owner.get_username()}" if task.owner_id else f"task:{task.id}",
+        requested_by=f"user:{task.owner.get_username()}" if task.owner is not None else f"task:{task.id}",
         allowed_decisions=[Decision.APPROVE, Decision.REJECT],
         expires_at=now + step.timeout,
         created_at=now,
     )
     approvers = role_group(task.tenant, step.approver_role)
+
+    def grant_decide() -> None:
+        assign_perm(DECIDE, approvers, request)
+
     waiting = progress.model_copy(
         update={
             "step": step.name,
@@ -102,7 +106,7 @@ def request_decision(
         reason_code="approval_requested",
         changes={"wait_deadline": request.expires_at},
         records=(request,),
-        also=(lambda: assign_perm(DECIDE, approvers, request),),
+        also=(grant_decide,),
     )
 
 
@@ -131,7 +135,7 @@ def gate(
         if rule == "invalidate":
             return "reapprove", f"{name} changed since the approval: {before!r} -> {now!r}"
         stale.append(f"{name}: {before!r} -> {now!r}")
-    fields = consequential_fields(kind.step(request.action_step), facts)
+    fields = consequential_fields(kind.step_as(request.action_step, registry.Dispatch), facts)
     if digest(fields) != request.digest:
         return "reapprove", "the action changed since it was approved"
     fresh = request.decided_at and any(ref.fetched_at > request.decided_at for ref in progress.evidence)
@@ -227,7 +231,7 @@ def approval_decide(
             status=409,
             request=request,
         )
-    step = registry.get(task.task_type).step(request.step)
+    step = registry.get(task.task_type).step_as(request.step, registry.RequestApproval)
     status = ApprovalStatus.APPROVED if decision == Decision.APPROVE else ApprovalStatus.REJECTED
     point = task_services.latest_checkpoint(task)
     approvals = [
@@ -262,7 +266,7 @@ def approval_decide(
             State.RESUME_VALIDATION,
             actor=Actor.user(user, ActorKind.APPROVER),
             trigger=Trigger.APPROVAL_DECIDED,
-            reason=comment or f"{decision}d",
+            reason=comment or status.value,  # "approved" / "rejected" (it once read "rejectd")
             reason_code=f"approval_{status}",
             progress=progress,
             records=[row],
@@ -284,14 +288,32 @@ def approval_decide(
     return Decided(request, task, applied=True)
 
 
+@dataclass(frozen=True)
+class Standing:
+    """A request against the task as it stands (its newest checkpoint, one read)."""
+
+    changed: bool  # the action built from the current facts is not what was asked
+    evidence_now: list[dict[str, Any]] | None  # the evidence the task holds now; None: unreadable
+
+
+def standing(request: ApprovalRequest) -> Standing:
+    """Has the action changed since ``request`` was made, and which evidence does the task hold now?"""
+    try:
+        progress = task_services.latest_checkpoint(request.task).progress
+    except Exception:  # an unreadable checkpoint: certainly not what was asked
+        return Standing(changed=True, evidence_now=None)
+    evidence_now = [ref.model_dump(mode="json") for ref in progress.evidence]
+    try:
+        action = registry.get(request.task.task_type).step_as(request.action_step, registry.Dispatch)
+        changed = digest(consequential_fields(action, dict(progress.facts))) != request.digest
+    except Exception:  # a vanished step or facts it cannot be built from
+        changed = True
+    return Standing(changed=changed, evidence_now=evidence_now)
+
+
 def changed_since_requested(request: ApprovalRequest) -> bool:
     """Would the action, built from the task's facts as they stand, differ from what was asked?"""
-    try:
-        facts = dict(task_services.latest_checkpoint(request.task).facts)
-        action = registry.get(request.task.task_type).step(request.action_step)
-        return digest(consequential_fields(action, facts)) != request.digest
-    except Exception:  # an unreadable checkpoint or a vanished step: certainly not what was asked
-        return True
+    return standing(request).changed
 
 
 def expire_pending(*, now: datetime | None = None) -> int:

@@ -1,4 +1,8 @@
+from __future__ import annotations
+
 from django.contrib import admin
+from django.db.models import Model
+from django.http import HttpRequest
 
 from audit.models import LeaseTakeover, TransitionEvent
 
@@ -6,13 +10,13 @@ from audit.models import LeaseTakeover, TransitionEvent
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Records only their own code writes (the log, state, checkpoints, the ledger): read-only here."""
 
-    def get_readonly_fields(self, request, obj=None):
+    def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
         return [field.name for field in self.model._meta.fields]
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
 
@@ -23,7 +27,7 @@ class TransitionEventAdmin(ReadOnlyAdmin):
     list_display = ("task", "state_version", "from_state", "to_state", "trigger", "actor_id", "created_at")
     list_filter = ("to_state", "trigger", "actor_kind")
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
 
@@ -33,5 +37,5 @@ class LeaseTakeoverAdmin(ReadOnlyAdmin):
 
     list_display = ("task", "worker_id", "previous_worker_id", "stale_token", "token", "taken_at")
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False

@@ -1,8 +1,9 @@
 """Hash chain over a task's transition events: the hash, and checking a chain's links.
 
 ``hash = SHA-256(prev_hash || canonical JSON of the event's fields)``; the
-first event links to ``GENESIS``. Canonical JSON: sorted keys, no whitespace,
-datetimes as ISO 8601 in UTC with microseconds, UUIDs as strings.
+first event links to ``GENESIS``. Canonical JSON is ``audit.canonical.V1``:
+sorted keys, no whitespace, text as UTF-8, datetimes as ISO 8601 in UTC with
+microseconds, UUIDs as strings.
 
 Pure functions, no database: benchmarks and exports use them outside Django.
 Reading a chain from the database to verify it is ``audit.verify``.
@@ -10,13 +11,12 @@ Reading a chain from the database to verify it is ``audit.verify``.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
+
+from audit import canonical
 
 GENESIS = "0" * 64
 
@@ -44,24 +44,10 @@ HASHED_FIELDS = (
 OPTIONAL_HASHED_FIELDS = ("checkpoint_digest",)
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.astimezone(UTC).isoformat(timespec="microseconds")
-    if isinstance(value, UUID):
-        return str(value)
-    return value
-
-
 def event_hash(prev_hash: str, fields: dict[str, Any]) -> str:
-    covered = {name: _plain(fields[name]) for name in HASHED_FIELDS}
+    covered = {name: fields[name] for name in HASHED_FIELDS}
     covered.update({name: fields[name] for name in OPTIONAL_HASHED_FIELDS if fields.get(name)})
-    body = json.dumps(
-        covered,
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
-    return hashlib.sha256((prev_hash + body).encode()).hexdigest()
+    return canonical.digest_text(prev_hash + canonical.dumps(covered, version=canonical.V1))
 
 
 @dataclass(frozen=True)

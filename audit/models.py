@@ -43,6 +43,11 @@ class TransitionEvent(models.Model):
             # One event per version: a second commit from the same version cannot exist.
             models.UniqueConstraint(fields=["task", "state_version"], name="event_one_per_version"),
         ]
+        indexes = [
+            # The console's audit search and its export: a tenant's events newest first,
+            # keyset-paged on (created_at, id) (audit.selectors.search_events).
+            models.Index(fields=["tenant", "-created_at", "-id"], name="event_tenant_created"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.task_id} v{self.state_version} {self.from_state or '∅'}->{self.to_state}"

@@ -54,17 +54,17 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # `python bench/e2e.py` puts bench/ first, not the project
 
-# The database and machine helpers the transition benchmark already has (bench/ is on sys.path first).
-from transitions import (  # noqa: E402
+from bench.common import (  # noqa: E402
     DEFAULT_SERVER_URL,
     RESULTS_DIR,
-    _machine_info,
-    _recreate_database,
-    _settle,
-    _setup_django,
-    _with_dbname,
+    machine_info,
+    print_machine,
+    recreate_database,
+    settle,
+    setup_django,
+    with_dbname,
 )
 
 DEFAULT_TTL = 30.0  # settings.LEASE_TTL_SECONDS's default
@@ -330,7 +330,7 @@ def measure_throughput(args: argparse.Namespace, url: str, server: Server, logs:
 
     tenant, create_s = _make_tasks("bench-throughput", args.tasks)
     connections.close_all()
-    _settle(url)
+    settle(url)
     started = time.monotonic()
     workers = Workers(args.workers, url, server.sandbox, logs, args, args.lease_ttl)
     try:
@@ -381,7 +381,7 @@ def measure_recovery(args: argparse.Namespace, url: str, server: Server, logs: P
 
     tenant, _ = _make_tasks("bench-recovery", args.recovery_tasks)
     connections.close_all()
-    _settle(url)
+    settle(url)
     ttl = args.lease_ttl
     first = Workers(args.workers, url, server.sandbox, logs, args, ttl)
     kill_at_done = int(args.recovery_tasks * args.kill_after)
@@ -527,27 +527,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     server_url = os.environ.get("DATABASE_URL") or DEFAULT_SERVER_URL
-    url = _with_dbname(server_url, args.database)
-    _recreate_database(server_url, args.database, create=True)
+    url = with_dbname(server_url, args.database)
+    recreate_database(server_url, args.database, create=True)
     server: Server | None = None
     try:
         os.environ["DATABASE_URL"] = url
-        _setup_django(debug=False)
+        setup_django(debug=False)
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0, interactive=False)
         _make_orders(max(args.tasks, args.recovery_tasks), random.Random(args.seed))
-        info = _machine_info(url)
-        print(f"machine     nproc={info['nproc']}  {info['cpu']}  {info['platform']}")
-        load = info["loadavg_at_start"]
-        busy = "  (WARNING: the machine is busy, numbers will be noisy)" if load[0] > 0.5 else ""
-        print(f"load        {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before start{busy}")
-        print(f"postgresql  {info['postgresql_full']}")
-        print("settings    " + "  ".join(f"{k}={v}" for k, v in info["postgresql_settings"].items()))
-        print(
-            f"software    python {info['python']}  django {info['django']}  psycopg {info['psycopg']}  "
-            "DEBUG=off"
-        )
+        info = machine_info(url)
+        print_machine(info, debug=False)
         with tempfile.TemporaryDirectory(prefix="bench-e2e-") as logs_dir:
             logs = Path(logs_dir)
             server = Server(args.server, url, logs, workers=args.server_workers, threads=args.server_threads)
@@ -595,7 +586,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "django.db" in sys.modules:
             sys.modules["django.db"].connections.close_all()
         if not args.keep_database:
-            _recreate_database(server_url, args.database, create=False)
+            recreate_database(server_url, args.database, create=False)
 
 
 if __name__ == "__main__":

@@ -49,12 +49,10 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import hashlib
 import io
 import json
 import multiprocessing
 import os
-import platform
 import pstats
 import queue
 import statistics
@@ -67,20 +65,26 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
 
 import psycopg
-from psycopg import sql
 from psycopg.types.json import Jsonb
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # `python bench/transitions.py` puts bench/ first, not the project
 
+from audit import canonical  # noqa: E402  (pure Python: no Django)
 from audit.chain import GENESIS, event_hash  # noqa: E402  (pure Python: no Django)
-
-DEFAULT_SERVER_URL = "postgres://postgres@127.0.0.1:5432/postgres"
-RESULTS_DIR = ROOT / "bench" / "results"
+from bench.common import (  # noqa: E402
+    DEFAULT_SERVER_URL,
+    RESULTS_DIR,
+    machine_info,
+    print_machine,
+    recreate_database,
+    settle,
+    setup_django,
+    with_dbname,
+)
 
 Impl = Literal["advance", "raw"]
 Mode = Literal["processes", "threads"]
@@ -178,8 +182,8 @@ def raw_transition(
             "state_version": version, "step": step, "task_id": str(task_id), "tool_calls": [],
             "trace_link": "", "wait_deadline": _iso(task["wait_deadline"]),
         }  # fmt: skip
-        encoded = json.dumps(body, sort_keys=True, separators=(",", ":"))
-        digest = hashlib.sha256(encoded.encode()).hexdigest()
+        encoded = canonical.dumps(body, version=canonical.V1_ASCII)  # as checkpoints.encode
+        digest = canonical.digest_text(encoded)
         fields: dict[str, Any] = {
             "task_id": task_id, "tenant_id": task["tenant_id"], "state_version": version,
             "from_state": "ready", "to_state": "ready", "trigger": "step", "actor_kind": "worker",
@@ -207,21 +211,8 @@ def raw_transition(
 # ---------------------------------------------------------------------------
 
 
-def _setup_django(debug: bool) -> None:
-    """Configure Django for the database in DATABASE_URL (set by main before spawning)."""
-    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
-    os.environ["DEBUG"] = "1" if debug else "0"
-    os.environ.setdefault("SECRET_KEY", "bench-only-not-secret")
-    os.environ.setdefault("CELERY_BROKER_URL", "memory://")  # nothing here may reach a real broker
-    import django
-    from django.apps import apps
-
-    if not apps.ready:
-        django.setup()
-
-
 def _advance_step(writer: int, task_ids: list[str], versions: list[int], debug: bool) -> Step:
-    _setup_django(debug)
+    setup_django(debug)
     from tasks import checkpoints
     from tasks.states import State, Trigger
     from tasks.transitions import Actor, advance
@@ -400,24 +391,6 @@ def run_phase(
 # ---------------------------------------------------------------------------
 
 
-def _with_dbname(url: str, dbname: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))
-
-
-def _recreate_database(server_url: str, dbname: str, *, create: bool) -> None:
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
-        if create:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-
-
-def _settle(url: str) -> None:
-    """Same starting conditions for every measurement: no dead rows, no pending checkpoint."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("VACUUM ANALYZE")
-        conn.execute("CHECKPOINT")
-
-
 def _make_tasks(tenant: Any, count: int) -> list[str]:
     """Start ``count`` tasks at ``ready`` v1 through the primitive (no API, no worker doorbell)."""
     from tasks import checkpoints
@@ -508,32 +481,6 @@ def _verify(phases: list[Phase]) -> tuple[int, int]:
     if checked != len(expected):
         raise AssertionError(f"verified {checked} tasks, expected {len(expected)}")
     return checked, TransitionEvent.objects.filter(task_id__in=list(expected)).count()
-
-
-def _machine_info(url: str) -> dict[str, Any]:
-    with psycopg.connect(url) as conn:
-        server = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
-        full = conn.execute("SELECT version()").fetchone()[0]  # type: ignore[index]
-        settings = dict(conn.execute(
-            "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s) ORDER BY name",
-            (["fsync", "synchronous_commit", "wal_sync_method", "shared_buffers", "max_connections"],),
-        ).fetchall())  # fmt: skip
-    cpu = ""
-    if Path("/proc/cpuinfo").exists():
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), "")  # fmt: skip
-    return {
-        "loadavg_at_start": os.getloadavg(),
-        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "cpu": cpu,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "django": __import__("django").get_version(),
-        "psycopg": psycopg.__version__,
-        "postgresql": server,
-        "postgresql_full": full,
-        "postgresql_settings": settings,
-    }
 
 
 # What the usual callees of advance() stand for, in the profile's listing.
@@ -673,11 +620,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     server_url = os.environ.get("DATABASE_URL") or DEFAULT_SERVER_URL
-    url = _with_dbname(server_url, args.database)
-    _recreate_database(server_url, args.database, create=True)
+    url = with_dbname(server_url, args.database)
+    recreate_database(server_url, args.database, create=True)
     try:
         os.environ["DATABASE_URL"] = url  # for Django, here and in the spawned writers
-        _setup_django(args.debug)
+        setup_django(args.debug)
         from django.core.management import call_command
         from django.db import connections
 
@@ -685,15 +632,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         call_command("migrate", verbosity=0, interactive=False)
         tenant = Tenant.objects.create(slug="bench", name="Benchmark")
-        info = _machine_info(url)
-        print(f"machine     nproc={info['nproc']}  {info['cpu']}  {info['platform']}")
-        load = info["loadavg_at_start"]
-        busy = "  (WARNING: the machine is busy, numbers will be noisy)" if load[0] > 0.5 else ""
-        print(f"load        {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before start{busy}")
-        print(f"postgresql  {info['postgresql_full']}")
-        print("settings    " + "  ".join(f"{k}={v}" for k, v in info["postgresql_settings"].items()))
-        print(f"software    python {info['python']}  django {info['django']}  psycopg {info['psycopg']}  "
-              f"DEBUG={'on' if args.debug else 'off'}")  # fmt: skip
+        info = machine_info(url)
+        print_machine(info, debug=args.debug)
         print(
             f"run         {args.mode}, {args.seconds:g} s measured after {args.warmup:g} s warm-up, "
             f"{args.tasks_per_writer} tasks per writer, {args.repeat} run(s) per cell, "
@@ -711,7 +651,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ids = _make_tasks(tenant, writers * args.tasks_per_writer)
                     task_sets = [ids[i::writers] for i in range(writers)]
                     connections.close_all()
-                    _settle(url)
+                    settle(url)
                     phase = run_phase(impl, args.mode, task_sets, url=url, warmup=args.warmup,
                                       seconds=args.seconds, debug=args.debug, repeat=repeat)  # fmt: skip
                     phases.append(phase)
@@ -755,7 +695,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if "django.db" in sys.modules:
             sys.modules["django.db"].connections.close_all()
-        _recreate_database(server_url, args.database, create=False)
+        recreate_database(server_url, args.database, create=False)
 
 
 if __name__ == "__main__":

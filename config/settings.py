@@ -100,7 +100,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
 LOGIN_URL = "/accounts/login/"
-LOGIN_REDIRECT_URL = "/console/"
+LOGIN_REDIRECT_URL = "console:landing"  # approvers land on their inbox, others on the queue
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
 LANGUAGE_CODE = "en-us"
@@ -168,6 +168,7 @@ LEDGER_CONNECTORS = {
     "payments": "ledger.connectors.http.HTTPConnector",
     "tickets": "ledger.connectors.http.HTTPConnector",
     "email": "ledger.connectors.http.HTTPConnector",
+    "orders": "ledger.connectors.http.HTTPConnector",  # evidence reads (runtime.evidence)
 }
 # The longest a sent request can take to land in the authoritative system, counted
 # from the moment it was claimed for sending (our timeout plus however long the

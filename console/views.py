@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 from uuid import UUID
 
 from django.contrib import messages
@@ -14,11 +15,10 @@ from django.views.decorators.http import require_POST
 
 from approvals import selectors as approval_selectors
 from approvals import services as approval_services
-from approvals.models import ApprovalRequest
-from approvals.selectors import ApprovalFilter
+from approvals.models import ApprovalRequest, Decision
 from audit.models import LeaseTakeover, TransitionEvent
 from console.access import can_operate, get_task_for_user
-from console.forms import ControlForm, DecisionForm
+from console.forms import ControlForm, DecisionForm, InboxForm
 from ledger.models import Action
 from runtime import controls
 from tasks import selectors
@@ -27,6 +27,8 @@ from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.leases import live_lease_exists
 from tasks.models import Checkpoint, Lease
 from tasks.states import State
+from tenancy.models import Role
+from tenancy.selectors import tenant_ids_for, tenants_for
 
 PAGE = 50
 TAKEOVERS_SHOWN = 5  # newest lease takeovers on a task page
@@ -94,7 +96,7 @@ def task_control(request, task_id, control):
         messages.error(
             request,
             "A reason is required: "
-            + "; ".join(f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()),
+            + "; ".join(f"{field}: {' '.join(map(str, errors))}" for field, errors in form.errors.items()),
         )
         return redirect("console:task", task_id=task.id)
     data = {key: value for key, value in form.cleaned_data.items() if value not in ("", None)}
@@ -124,30 +126,53 @@ def task_control(request, task_id, control):
 
 
 @login_required
+def landing(request):
+    """Where a login lands: approvers on their inbox, everyone else on the queue."""
+    if tenant_ids_for(request.user, [Role.APPROVER]):
+        return redirect("console:approvals")
+    return redirect("console:queue")
+
+
+@login_required
 def approval_inbox(request):
-    filters = ApprovalFilter(request.GET or None, queryset=approval_selectors.inbox(request.user))
-    pending = (
-        filters.qs if filters.is_bound and filters.is_valid() else approval_selectors.inbox(request.user)
-    )
-    return render(
-        request,
-        "console/approvals.html",
-        {"filters": filters, "requests": pending[:200], "now": timezone.now()},
-    )
+    form = InboxForm(request.GET, tenants=tenants_for(request.user))
+    query = form.query()
+    page = approval_selectors.inbox_page(request.user, size=PAGE, **query)
+    params = request.GET.copy()
+    params.pop("after", None)
+    context = {
+        "form": form,
+        "page": page,
+        "status": query["status"],
+        "status_label": approval_selectors.STATUSES[query["status"]],
+        "query": params.urlencode(),
+        "first_page": not query["cursor"],
+    }
+    return render(request, "console/approvals.html", context)
+
+
+def _approval_context(user: Any, approval: ApprovalRequest) -> dict[str, Any]:
+    """Everything a request page shows: what it authorizes, how it stands now, and what it repeats."""
+    standing = approval_services.standing(approval)
+    earlier = approval_selectors.earlier_request(approval)
+    return {
+        "approval": approval,
+        "live": approval_selectors.is_live(approval),
+        "expired": timezone.now() >= approval.expires_at,
+        "changed": standing.changed,
+        "evidence": [{**ref, "url": approval_selectors.evidence_url(ref)} for ref in approval.evidence],
+        "evidence_unreadable": standing.evidence_now is None,
+        "evidence_changes": approval_selectors.evidence_changes(approval, standing.evidence_now or []),
+        "earlier": earlier,
+        "repeat_changes": approval_selectors.repeat_changes(earlier, approval) if earlier else [],
+        "can_decide": approval_selectors.may_decide_now(user, approval),
+    }
 
 
 @login_required
 def approval_detail(request, request_id):
     approval = approval_selectors.get_visible_request(request.user, request_id)
-    context = {
-        "approval": approval,
-        "live": approval_selectors.is_live(approval),
-        "expired": timezone.now() >= approval.expires_at,
-        "changed": approval_services.changed_since_requested(approval),
-        "evidence": [{**ref, "url": approval_selectors.evidence_url(ref)} for ref in approval.evidence],
-        "can_decide": approval_selectors.inbox(request.user).filter(pk=approval.pk).exists(),
-    }
-    return render(request, "console/approval_detail.html", context)
+    return render(request, "console/approval_detail.html", _approval_context(request.user, approval))
 
 
 @login_required
@@ -158,13 +183,20 @@ def approval_decide(request, request_id):
     if not form.is_valid():
         messages.error(request, "Choose approve or reject; the digest you saw is required.")
         return redirect("console:approval", request_id=approval.pk)
+    data = form.cleaned_data
+    if data["decision"] == Decision.APPROVE and not data["confirmed"]:
+        # The confirm step: the same page, asking once more before anything is decided.
+        context = _approval_context(request.user, approval)
+        if context["can_decide"]:
+            context.update(confirming=True, comment=data["comment"], digest_seen=data["digest"])
+            return render(request, "console/approval_detail.html", context)
     try:
         decided = approval_services.approval_decide(
             approval,
             user=request.user,
-            decision=form.cleaned_data["decision"],
-            digest_seen=form.cleaned_data["digest"],
-            comment=form.cleaned_data["comment"],
+            decision=data["decision"],
+            digest_seen=data["digest"],
+            comment=data["comment"],
         )
     except approval_services.ApprovalRefused as exc:
         messages.error(request, str(exc))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from ledger import connectors
 from ledger.connectors.base import OutcomeUnknown, Rejected
@@ -102,6 +103,8 @@ def send(claimed: Claimed) -> Action:
         log.warning("not sending", extra={"action": action.idempotency_key, "why": why_not})
         raise _lost(claimed.lease, why_not)
     connector = connectors.get(action.connector)
+    target: DispatchState
+    fields: dict[str, Any]
     try:
         outcome = connector.dispatch(action.idempotency_key, dict(action.effect))
         chaos.after_send(action)

@@ -18,6 +18,7 @@ from django.conf import settings
 
 from approvals import services as approvals
 from approvals.models import ApprovalStatus
+from audit.models import TransitionEvent
 from ledger.models import IN_DOUBT, SENDABLE, SETTLED_FAILED, SETTLED_OK, Action
 from runtime import dispatch, evidence, llm, reconcile, validation
 from runtime.llm import Model, ModelUnavailable
@@ -150,7 +151,7 @@ def _run_step(
                 .first()
             )
             if early is not None:
-                # Checked when it arrived (api.tasks) and stored as jsonb since: as_fact cannot refuse it.
+                # Checked when it arrived (api.views.tasks), stored as jsonb since: as_fact cannot refuse it.
                 facts[step.fact] = as_fact(early.payload.get(step.value))
                 return _advance_to(
                     progress,
@@ -311,12 +312,20 @@ def _confirm_cancel(task: Task, progress: Progress) -> Decision | None:
         for a in actions
         if a.dispatch_state in SETTLED_OK and a.compensation_of_id is None and a.pk not in undone
     ]
+    # The request's scope (``cancel:<scope>``), from the event that made it: an escalation
+    # while the cancel waited rewrites the task's state_reason, not what was asked.
+    requested = (
+        TransitionEvent.objects.filter(task=task, trigger=Trigger.CANCEL)
+        .order_by("-state_version")
+        .values_list("reason_code", flat=True)
+        .first()
+    ) or task.state_reason
     return Decision(
         State.CANCELED,
         Trigger.CANCEL_CONFIRMED,
         progress,
-        reason_code=task.state_reason,
-        changes={"outcome": {"canceled": task.state_reason, "effects_not_undone": not_undone}},
+        reason_code=requested,
+        changes={"outcome": {"canceled": requested, "effects_not_undone": not_undone}},
     )
 
 

@@ -1,4 +1,4 @@
-"""Reading evidence from authoritative systems over HTTP.
+"""Reading evidence from authoritative systems, through their connectors (``ledger.connectors``).
 
 A workflow never keeps a copy of a record as truth: it keeps a reference
 (system, record id, record version, when it was read) and the few facts it
@@ -17,13 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
-import httpx
-from django.conf import settings
-
-from config import http
-from config.external import connector_url
+from ledger import connectors
+from ledger.connectors.base import ReadUnavailable
 from tasks import values
 from tasks.checkpoints import Scalar, as_fact
 
@@ -53,23 +49,19 @@ class Record:
     data: dict[str, Any]
 
 
-def fetch(system: str, record_id: str, *, timeout: float | None = None) -> Record:
-    """Read one record. Raises ``EvidenceUnavailable`` (try later), ``EvidenceMissing``
-    (no such record) or ``EvidenceUnstorable`` (its version cannot be stored)."""
-    url = f"{connector_url(system)}/records/{quote(record_id, safe='')}"
+def fetch(system: str, record_id: str) -> Record:
+    """Read one record through the ``system``'s connector. Raises ``EvidenceUnavailable``
+    (try later), ``EvidenceMissing`` (no such record) or ``EvidenceUnstorable`` (its version
+    cannot be stored). A system with no connector (``LookupError``) or one whose connector
+    cannot read (``ReadNotSupported``) is a deployment mistake, not evidence: those propagate."""
     try:
-        response = http.client().get(url, timeout=timeout or settings.CONNECTOR_TIMEOUT)
-    except httpx.HTTPError as exc:
-        raise EvidenceUnavailable(values.printable(f"{system}: {type(exc).__name__}: {exc}")) from None
-    if response.status_code == 404:
+        found = connectors.get(system).read(record_id)
+    except ReadUnavailable as exc:
+        # The connector's message names the system; it may quote what the system sent.
+        raise EvidenceUnavailable(values.printable(str(exc))) from None
+    if found is None:
         raise EvidenceMissing(f"{system} has no record {record_id!r}")
-    if response.status_code != 200:
-        raise EvidenceUnavailable(f"{system} answered {response.status_code}")
-    try:
-        body = response.json()
-        record = Record(system, record_id, str(body["version"]), dict(body.get("data") or {}))
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise EvidenceUnavailable(values.printable(f"{system} sent an unreadable record: {exc}")) from None
+    record = Record(system, record_id, found.version, found.data)
     # The version is kept in the checkpoint and quoted in resume validation's reasons.
     problem = values.text_problem(record.version)
     if problem:

@@ -25,11 +25,12 @@ import logging
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from django.conf import settings
 from django.db import DatabaseError
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from ledger import connectors
@@ -38,6 +39,7 @@ from ledger.models import IN_DOUBT, Action, DispatchState
 from ledger.services import action_move
 from runtime import chaos
 from tasks import services as task_services
+from tasks.checkpoints import Progress
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import Task
 from tasks.states import TERMINAL, State, Trigger
@@ -52,7 +54,7 @@ def _seconds(name: str) -> timedelta:
     return timedelta(seconds=getattr(settings, name))
 
 
-def _found(found: Outcome) -> tuple[str, dict]:
+def _found(found: Outcome) -> tuple[DispatchState, dict[str, Any]]:
     target = (
         DispatchState.RECONCILED_SUCCEEDED if found.status == "succeeded" else DispatchState.RECONCILED_FAILED
     )
@@ -87,6 +89,8 @@ def reconcile_action(action: Action, *, force: bool = False) -> Action:
     except OutcomeUnknown as exc:
         Action.objects.filter(**guard).update(last_error=str(exc)[:2000], checked_at=asked_at)
         return Action.objects.get(pk=action.pk)
+    target: DispatchState
+    fields: dict[str, Any]
     if found is None:
         landing = lands_by(action)
         if asked_at < landing:
@@ -141,18 +145,21 @@ def reconcile_task(task_id: UUID | str, *, actor: Actor, force: bool = False) ->
     ]
     settled = [f"{a.idempotency_key}: {a.dispatch_state}" for a in looked]
     still_unknown = sum(a.dispatch_state in IN_DOUBT for a in looked)
+    if task.state == State.CANCEL_REQUESTED and still_unknown:
+        # A cancel waits for its in-doubt effects like a dispatch does: escalate it the same way.
+        _escalate_if_overdue(task, looked)
     if task.state != State.OUTCOME_UNKNOWN:
-        return Reconciled(task, settled, still_unknown)
+        return Reconciled(Task.objects.get(pk=task.pk), settled, still_unknown)
     if still_unknown:
         _escalate_if_overdue(task, looked)
         return Reconciled(Task.objects.get(pk=task.pk), settled, still_unknown)
     point = task_services.task_resume_point(task.id, actor=actor)
-    if point.quarantined:  # an unreadable checkpoint: nothing resumes from a guess
+    if point.checkpoint is None:  # quarantined: an unreadable checkpoint; nothing resumes from a guess
         return Reconciled(point.task, settled, 0)
     absent = list(Action.objects.filter(task=task, dispatch_state=DispatchState.RECONCILED_ABSENT))
-    common = {"actor": actor, "progress": point.checkpoint.progress}
+    progress = point.checkpoint.progress
     if absent:
-        task = _schedule_resend(task, absent, settled, common)
+        task = _schedule_resend(task, absent, settled, actor=actor, progress=progress)
     else:
         task = advance(
             task.id,
@@ -161,14 +168,17 @@ def reconcile_task(task_id: UUID | str, *, actor: Actor, force: bool = False) ->
             trigger=Trigger.RECONCILED,
             reason="; ".join(settled) or "nothing in doubt",
             reason_code="reconciled",
-            **common,
+            actor=actor,
+            progress=progress,
         )
     chaos.after_reconcile(task)
     task_services.ring_if_runnable(task)
     return Reconciled(task, settled, 0)
 
 
-def _schedule_resend(task: Task, absent: list[Action], settled: list[str], common: dict) -> Task:
+def _schedule_resend(
+    task: Task, absent: list[Action], settled: list[str], *, actor: Actor, progress: Progress
+) -> Task:
     sends = max(a.attempts for a in absent)
     keys = ", ".join(a.idempotency_key for a in absent)
     if sends >= settings.LEDGER_MAX_SENDS:
@@ -183,7 +193,8 @@ def _schedule_resend(task: Task, absent: list[Action], settled: list[str], commo
             escalation_level=max(task.escalation_level, 1),
             escalated_to=task.escalated_to or "operator",
             escalation_reason=why,
-            **common,
+            actor=actor,
+            progress=progress,
         )
     wait = resend_backoff(sends)
     return advance(
@@ -194,7 +205,8 @@ def _schedule_resend(task: Task, absent: list[Action], settled: list[str], commo
         reason=f"{'; '.join(settled) or keys}; send {sends + 1} in {wait.total_seconds():.1f}s",
         reason_code="effect_absent",
         wait_deadline=timezone.now() + wait,
-        **common,
+        actor=actor,
+        progress=progress,
     )
 
 
@@ -301,10 +313,13 @@ def recheck_absent(*, limit: int = BATCH) -> int:
 
 
 def reconcile_unknown(*, limit: int = BATCH) -> int:
-    """The periodic reconciler: every task in ``outcome_unknown``, oldest first; then late landings."""
+    """The periodic reconciler: every task in ``outcome_unknown`` (and every cancel waiting on an
+    effect in doubt), oldest first; then late landings."""
     done = 0
+    in_doubt = Exists(Action.objects.filter(task=OuterRef("pk"), dispatch_state__in=IN_DOUBT))
+    waiting_on_effects = Q(state=State.OUTCOME_UNKNOWN) | (Q(state=State.CANCEL_REQUESTED) & in_doubt)
     for task_id in (
-        Task.objects.filter(state=State.OUTCOME_UNKNOWN)
+        Task.objects.filter(waiting_on_effects)
         .order_by("state_entered_at")
         .values_list("id", flat=True)[:limit]
     ):

@@ -58,7 +58,7 @@ def run_task(
                 return "lease_lost"
             point = services.task_resume_point(task_id, actor=actor, lease=lease)
             task = point.task
-            if point.quarantined or task.state not in RUNNABLE:
+            if point.checkpoint is None or task.state not in RUNNABLE:  # None: quarantined instead
                 return task.state
             decision = engine.decide(task, point.checkpoint, model=model, now=timezone.now(), lease=lease)
             if decision is None:

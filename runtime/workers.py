@@ -45,7 +45,8 @@ class DoorbellRequest(Request):
     def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
         exc = getattr(exc_info.exception, "exc", exc_info.exception)  # billiard wraps it
         if isinstance(exc, WorkerLostError) and self.worker_pid and not self.delivery_info.get("redelivered"):
-            _release_for_lost_child(self.worker_pid, self.args[0])
+            # The stubs type worker_pid as str; Celery stores the pool child's pid, an int.
+            _release_for_lost_child(int(self.worker_pid), self.args[0])
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
 
@@ -59,7 +60,11 @@ def _release_for_lost_child(pid: int, task_id: str) -> None:
         reconnect.drop_connections()
 
 
-@shared_task(name="tasks.run_task", acks_late=True, reject_on_worker_lost=True, Request=DoorbellRequest)
+# celery-types' shared_task overloads accept extra Task attributes (here ``Request``) only together
+# with ``base=``; Celery itself sets any keyword as an attribute of the task class.
+@shared_task(  # type: ignore[call-overload]
+    name="tasks.run_task", acks_late=True, reject_on_worker_lost=True, Request=DoorbellRequest
+)
 def run_task(task_id: str) -> str:
     """Run the task the doorbell names; wait out a database restart instead of dropping it."""
     me, ttl = worker_id(), settings.LEASE_TTL_SECONDS

@@ -1,4 +1,9 @@
+from __future__ import annotations
+
+from typing import Any
+
 from django.contrib import admin
+from django.http import HttpRequest
 
 from audit.admin import ReadOnlyAdmin
 from tasks.models import Checkpoint, Lease, Policy, RuntimeConfig, Task
@@ -23,7 +28,7 @@ class PolicyAdmin(admin.ModelAdmin):
     list_display = ("task_type", "version", "changed_at", "changed_by")
     readonly_fields = ("changed_at", "changed_by")
 
-    def save_model(self, request, obj, form, change):
+    def save_model(self, request: HttpRequest, obj: Policy, form: Any, change: bool) -> None:
         obj.changed_by = request.user.get_username()
         super().save_model(request, obj, form, change)
 

@@ -5,7 +5,8 @@ pickled object or a framework's memory dump — so any later deployment can read
 it, migrate it through a chain of pure functions, or refuse it with a precise,
 machine-readable reason (which quarantines the task).
 
-Encoding: canonical JSON (sorted keys, no whitespace) under the codec name
+Encoding: canonical JSON in format ``audit.canonical.V1_ASCII`` (sorted keys,
+no whitespace, non-ASCII escaped: the body is ASCII) under the codec name
 ``json/v1``. ``CURRENT_SCHEMA`` is the only version the code writes.
 
 Integrity: every stored body carries its SHA-256 ``digest``, and the audit event
@@ -17,7 +18,6 @@ application is refused (and its task quarantined), never resumed from.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from datetime import datetime
@@ -27,6 +27,7 @@ from uuid import UUID
 from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from audit import canonical
 from tasks import values
 from tasks.states import State
 
@@ -167,17 +168,18 @@ MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2}
 
 
 def encode(checkpoint: Checkpoint) -> str:
-    return json.dumps(checkpoint.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return canonical.dumps(checkpoint.model_dump(mode="json"), version=canonical.V1_ASCII)
 
 
 def digest(body: str) -> str:
     """SHA-256 (hex) of a stored body, as the checkpoint row and its audit event record it."""
-    return hashlib.sha256(body.encode()).hexdigest()
+    return canonical.digest_text(body)
 
 
 def max_bytes() -> int:
     """Largest stored body a worker writes or loads (``CHECKPOINT_MAX_BYTES``)."""
-    return settings.CHECKPOINT_MAX_BYTES
+    limit: int = settings.CHECKPOINT_MAX_BYTES  # the settings module reads it with django-environ (untyped)
+    return limit
 
 
 def verify_stored(body: str, *, codec: str, stored_digest: str, recorded_digest: str | None) -> None:

@@ -17,13 +17,15 @@ from typing import Any
 from uuid import UUID
 
 from django.db import DEFAULT_DB_ALIAS, connections, models
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import ForeignObjectRel
 
 from tasks.models import Lease, Task
 
 _cache: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
-def _connection() -> Any:
+def _connection() -> BaseDatabaseWrapper:
     return connections[DEFAULT_DB_ALIAS]  # the thread's own wrapper, not the module-level proxy
 
 
@@ -36,7 +38,14 @@ def _prepared() -> dict[Any, Any]:
 
 
 def _column(model: type[models.Model], name: str) -> str:
-    return _connection().ops.quote_name(model._meta.get_field(name).column)
+    return _quoted(_connection(), model._meta.get_field(name))
+
+
+def _quoted(connection: BaseDatabaseWrapper, field: models.Field[Any, Any] | ForeignObjectRel) -> str:
+    # Only concrete fields are named here, and they always have a column (the types also allow
+    # reverse relations and column-less fields).
+    assert isinstance(field, models.Field) and field.column is not None, field
+    return connection.ops.quote_name(field.column)
 
 
 def load_task(task_id: UUID | str) -> Task | None:
@@ -102,7 +111,8 @@ def compare_and_set(
         ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.rowcount == 1
+        updated: int = cursor.rowcount
+        return updated == 1
 
 
 def insert(obj: models.Model) -> None:
@@ -112,7 +122,7 @@ def insert(obj: models.Model) -> None:
     connection, prepared = _connection(), _prepared()
     if key not in prepared:
         fields = [f for f in model._meta.concrete_fields if not (f.primary_key and f.db_returning)]
-        columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+        columns = ", ".join(_quoted(connection, f) for f in fields)
         placeholders = ", ".join(["%s"] * len(fields))
         table = connection.ops.quote_name(model._meta.db_table)
         prepared[key] = (f"INSERT INTO {table} ({columns}) VALUES ({placeholders})", fields)

@@ -37,7 +37,7 @@ class Held:
     token: int
 
 
-def live_lease_exists(now: datetime):
+def live_lease_exists(now: datetime) -> Exists:
     """Subquery: the outer task has a lease that has not expired at ``now``."""
     return Exists(Lease.objects.filter(task_id=OuterRef("pk"), expires_at__gt=now))
 

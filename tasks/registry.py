@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, StringConstraints
 
@@ -128,6 +128,9 @@ class Fail(Step):
     reason: str = ""
 
 
+AnyStep = TypeVar("AnyStep", bound=Step)
+
+
 # --- task types ------------------------------------------------------------------------------------
 
 
@@ -175,8 +178,19 @@ class TaskType:
     def step(self, name: str) -> Step | None:
         return next((step for step in self.steps if step.name == name), None)
 
+    def step_as(self, name: str, kind: type[AnyStep]) -> AnyStep:
+        """The step ``name``, which must be a ``kind`` (an approval's action step is a ``Dispatch``).
+
+        Raises ``LookupError`` when there is no such step or it is of another kind.
+        """
+        found = self.step(name)
+        if not isinstance(found, kind):
+            raise LookupError(f"{self.name}: no {kind.__name__} step named {name!r}")
+        return found
+
     def backoff_for(self, attempt: int) -> timedelta:
-        return self.backoff * (2 ** max(attempt - 1, 0))
+        factor: int = 2 ** max(attempt - 1, 0)  # int ** int is typed Any (a negative power is a float)
+        return self.backoff * factor
 
 
 _REGISTRY: dict[str, TaskType] = {}

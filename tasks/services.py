@@ -3,8 +3,6 @@ operator controls. Nothing here assigns ``state`` directly."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -16,6 +14,7 @@ from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 from pydantic import ValidationError
 
+from audit import canonical
 from audit.models import TransitionEvent
 from tasks import checkpoints, doorbell, registry
 from tasks.checkpoints import Scalar
@@ -42,18 +41,16 @@ class IdempotencyConflict(Exception):
 
 
 def _request_digest(task_type: str, objective: str, input: dict[str, Any], deadline: datetime | None) -> str:
-    canonical = json.dumps(
-        {
-            "task_type": task_type,
-            "objective": objective,
-            "input": input,
-            "deadline": deadline.isoformat() if deadline else None,
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-        default=str,
-    )
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    # Format V1_ASCII, as every stored request_digest. ``input`` is the input model's
+    # JSON-mode dump and the deadline is written here (in the caller's offset), so
+    # only JSON types reach the encoder (the old ``default=str`` never applied).
+    request = {
+        "task_type": task_type,
+        "objective": objective,
+        "input": input,
+        "deadline": deadline.isoformat() if deadline else None,
+    }
+    return canonical.digest(request, version=canonical.V1_ASCII)
 
 
 def task_create(
@@ -194,7 +191,8 @@ def ring_if_runnable(task: Task) -> None:
 
 
 def _digest(payload: Any) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    """A task input's payload digest, format V1_ASCII as every stored ``payload_digest``."""
+    return canonical.digest(payload, version=canonical.V1_ASCII)
 
 
 @dataclass(frozen=True)

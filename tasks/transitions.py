@@ -8,8 +8,6 @@ either all of them commit or none does.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ from django.db import models, transaction
 from django.utils import timezone
 from opentelemetry import trace
 
+from audit import canonical
 from audit.chain import GENESIS, event_hash
 from audit.models import TransitionEvent
 from ledger.models import Action
@@ -66,8 +65,8 @@ class ActionIntent:
 
     @property
     def digest(self) -> str:
-        canonical = json.dumps(self.effect, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        # Format V1 (text as UTF-8): every stored effect_digest and idempotency key was written so.
+        return canonical.digest(self.effect, version=canonical.V1)
 
     def idempotency_key(self, task_id: UUID) -> str:
         # Deterministic from task + step + effect: re-deciding the same step with
@@ -109,7 +108,7 @@ def _checkpoint_for(
     document = checkpoints.Checkpoint(
         **progress.model_dump(),
         task_id=task.id,
-        state=task.state,
+        state=State(task.state),
         state_version=task.state_version,
         pending_actions=[
             checkpoints.PendingAction(
@@ -134,7 +133,7 @@ def _checkpoint_for(
     )
     body = checkpoints.encode(document)
     # Refused here rather than on the next load: never commit a checkpoint no worker will read.
-    # (The body is ASCII, json.dumps escapes the rest: characters are bytes.)
+    # (The body is ASCII, canonical.V1_ASCII escapes the rest: characters are bytes.)
     limit = checkpoints.max_bytes()
     if len(body) > limit:
         raise ValueError(f"{checkpoints.CheckpointUnreadable.TOO_LARGE}: {len(body)} bytes, limit {limit}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import QuerySet
 
 from tenancy.models import Membership, Role, Tenant
 
@@ -13,14 +14,16 @@ def roles_by_tenant(user: AbstractBaseUser | AnonymousUser) -> dict[int, frozens
     """Map tenant id -> the roles ``user`` holds there (empty for anonymous)."""
     if not user.is_authenticated:
         return {}
-    cached = getattr(user, "_roles_by_tenant", None)
+    cached: dict[int, frozenset[str]] | None = getattr(user, "_roles_by_tenant", None)
     if cached is not None:
         return cached
     found: dict[int, set[str]] = {}
-    for tenant_id, role in Membership.objects.filter(user=user).values_list("tenant_id", "role"):
+    for tenant_id, role in Membership.objects.filter(user_id=user.pk).values_list("tenant_id", "role"):
         found.setdefault(tenant_id, set()).add(role)
     result = {tenant_id: frozenset(roles) for tenant_id, roles in found.items()}
-    user._roles_by_tenant = result  # one query per request, not per object
+    # One query per request, not per object: cached on the request's user object. The attribute is
+    # not a model field, so the stubs do not know it.
+    user._roles_by_tenant = result  # type: ignore[attr-defined]
     return result
 
 
@@ -30,7 +33,9 @@ def tenant_ids_for(user: AbstractBaseUser | AnonymousUser, roles: Iterable[str] 
     return [tenant_id for tenant_id, held in roles_by_tenant(user).items() if wanted is None or held & wanted]
 
 
-def tenants_for(user: AbstractBaseUser | AnonymousUser, roles: Iterable[str] | None = None):
+def tenants_for(
+    user: AbstractBaseUser | AnonymousUser, roles: Iterable[str] | None = None
+) -> QuerySet[Tenant]:
     return Tenant.objects.filter(id__in=tenant_ids_for(user, roles)).order_by("slug")
 
 

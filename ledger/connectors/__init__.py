@@ -2,7 +2,9 @@
 
 A connector is one class; which class serves which name is one setting
 (``LEDGER_CONNECTORS``). Every connector offers ``dispatch(key, effect)`` and
-``lookup(key)``, and may offer ``describe()``.
+``lookup(key)``, and may offer ``describe()``. Evidence is read with
+``read(record_id)``; a connector that only sends effects refuses it with
+``ReadNotSupported`` (``ledger.connectors.base``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ def get(name: str) -> Connector:
         path = settings.LEDGER_CONNECTORS[name]
     except KeyError:
         raise LookupError(f"no connector named {name!r} (LEDGER_CONNECTORS)") from None
-    return import_string(path)(name)
+    connector: Connector = import_string(path)(name)
+    return connector
 
 
 def names() -> list[str]:

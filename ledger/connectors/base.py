@@ -7,6 +7,11 @@ happened). ``lookup`` returns the ``Outcome`` recorded under a key, ``None``
 when the system has no effect with that key, or raises ``OutcomeUnknown`` when
 it cannot tell now. Nothing is ever sent again on an unknown outcome before a
 ``lookup`` found the key absent.
+
+``read`` serves evidence: the ``Record`` the system holds under an id now,
+``None`` when it has no such record, or ``ReadUnavailable`` when it cannot tell
+now. A connector that only sends effects inherits ``Connector.read``, which
+raises ``ReadNotSupported`` naming it.
 """
 
 from __future__ import annotations
@@ -33,6 +38,23 @@ class OutcomeUnknown(Exception):
     """The system may or may not have performed the effect."""
 
 
+@dataclass(frozen=True)
+class Record:
+    """A record as the system holds it now."""
+
+    record_id: str
+    version: str
+    data: dict[str, Any]
+
+
+class ReadUnavailable(Exception):
+    """The system did not answer a read usefully now (transport error, error status, unreadable body)."""
+
+
+class ReadNotSupported(Exception):
+    """This connector sends effects but cannot read records: evidence needs a connector that can."""
+
+
 class Connector(Protocol):
     name: str
 
@@ -41,3 +63,13 @@ class Connector(Protocol):
     def lookup(self, key: str) -> Outcome | None: ...
 
     def describe(self) -> dict[str, Any]: ...
+
+    def read(self, record_id: str) -> Record | None:
+        """The record ``record_id`` now, or ``None`` when the system has no such record.
+
+        Raises ``ReadUnavailable`` when the system cannot tell now. This default, for
+        connectors that subclass ``Connector`` and only send effects, refuses plainly.
+        """
+        raise ReadNotSupported(
+            f"connector {self.name!r} ({type(self).__module__}.{type(self).__qualname__}) cannot read records"
+        )

@@ -1,8 +1,10 @@
 """A connector for any system speaking the sandbox protocol over HTTP.
 
 ``POST {base}/effects/`` with an ``Idempotency-Key`` header; ``GET
-{base}/effects/{key}``. The base URL is ``CONNECTOR_<NAME>_URL`` (default:
-the built-in sandbox), so a real system or a test double can stand in.
+{base}/effects/{key}``; and, for evidence, ``GET {base}/records/{id}`` →
+``{"id", "version", "data"}`` (404: no such record). The base URL is
+``CONNECTOR_<NAME>_URL`` (default: the built-in sandbox), so a real system or a
+test double can stand in.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from django.conf import settings
 
 from config import http
 from config.external import connector_url
-from ledger.connectors.base import Outcome, OutcomeUnknown, Rejected
+from ledger.connectors.base import Connector, Outcome, OutcomeUnknown, ReadUnavailable, Record, Rejected
 
 
-class HTTPConnector:
-    def __init__(self, name: str, *, timeout: float | None = None):
+class HTTPConnector(Connector):
+    def __init__(self, name: str, *, timeout: float | None = None) -> None:
         self.name = name
         self.timeout = timeout
 
@@ -75,6 +77,23 @@ class HTTPConnector:
             return self._outcome(response.json())
         except ValueError:
             raise OutcomeUnknown(f"{self.name} lookup: unreadable answer") from None
+
+    def read(self, record_id: str) -> Record | None:
+        try:
+            response = http.client().get(
+                f"{self.base_url}/records/{quote(record_id, safe='')}", timeout=self._timeout()
+            )
+        except httpx.HTTPError as exc:
+            raise ReadUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from None
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise ReadUnavailable(f"{self.name} answered {response.status_code}")
+        try:
+            body = response.json()
+            return Record(record_id, str(body["version"]), dict(body.get("data") or {}))
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise ReadUnavailable(f"{self.name} sent an unreadable record: {exc}") from None
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "protocol": "sandbox-effects/1", "base_url": self.base_url}

@@ -46,19 +46,20 @@ def waiting_for_approval(tenant, owner) -> Task:
     return decisions.commit(task, ask, actor=worker)
 
 
-def log_in(page: Page, base: str, username: str) -> None:
+def log_in(page: Page, base: str, username: str, lands_on: str = "/console/") -> None:
+    """Log in; approvers land on their inbox (``/console/approvals/``), everyone else on the queue."""
     page.goto(f"{base}/accounts/login/")
     page.get_by_label("Username").fill(username)
     page.get_by_label("Password").fill("pw")
     page.get_by_role("button", name="Log in").click()
-    expect(page).to_have_url(f"{base}/console/")
+    expect(page).to_have_url(f"{base}{lands_on}")
 
 
 def test_an_approver_approves_from_the_inbox_and_sees_the_task_move_on(
     page: Page, live_server, acme, operator, approver
 ):
     task = waiting_for_approval(acme, owner=operator)
-    log_in(page, live_server.url, "acme-approver")
+    log_in(page, live_server.url, "acme-approver", lands_on="/console/approvals/")
 
     page.get_by_role("link", name="Approvals").click()
     expect(page.get_by_role("heading", name="Approvals waiting for you")).to_be_visible()
@@ -72,6 +73,7 @@ def test_an_approver_approves_from_the_inbox_and_sees_the_task_move_on(
     expect(page.get_by_text("visa-4242")).to_be_visible()
     page.get_by_label("Comment").fill("Photos of the vase check out.")
     page.get_by_role("button", name="Approve").click()
+    page.get_by_role("button", name="Confirm approval").click()
 
     expect(page.get_by_role("status")).to_contain_text("Approved. The task moved on to resume_validation.")
     expect(page.get_by_role("heading", level=1)).to_contain_text("Resume Validation")
@@ -84,10 +86,36 @@ def test_an_expired_request_says_so_and_offers_no_decision(page: Page, live_serv
     task = waiting_for_approval(acme, owner=operator)
     ApprovalRequest.objects.filter(task=task).update(expires_at=timezone.now() - timedelta(minutes=5))
     request = ApprovalRequest.objects.get(task=task)
-    log_in(page, live_server.url, "acme-approver")
+    log_in(page, live_server.url, "acme-approver", lands_on="/console/approvals/")
 
     page.goto(f"{live_server.url}/console/approvals/{request.pk}/")
     expect(page.get_by_role("alert")).to_contain_text("This request expired")
     expect(page.get_by_role("button", name="Approve")).to_have_count(0)
     page.goto(f"{live_server.url}/console/approvals/")
     expect(page.get_by_text("Nothing waits for your decision.")).to_be_visible()
+
+
+def test_an_approver_opens_a_repeat_request_sees_the_diff_and_approves_with_confirmation(
+    page: Page, live_server, acme, operator, approver
+):
+    from tests.console.test_approvals import ask
+
+    task = make_task(acme, owner=operator, objective="Refund order A-1: a cracked vase")
+    first = ask(task)
+    approvals.approval_decide(first, user=approver, decision="reject", digest_seen=first.digest)
+    second = ask(Task.objects.get(pk=task.pk), trigger=Trigger.PROCEED, amount="8.00")
+    log_in(page, live_server.url, "acme-approver", lands_on="/console/approvals/")
+
+    expect(page.locator("span.pending-count")).to_have_text("1")
+    page.locator("table.grid tbody tr", has_text="Refund order A-1").get_by_role("link").first.click()
+    expect(page.get_by_role("heading", name="This repeats an earlier request")).to_be_visible()
+    diff = page.locator("table.diff")
+    expect(diff.locator("tr", has_text="effect.amount")).to_contain_text("8.00")
+    expect(page.get_by_role("link", name="rejected by acme-approver", exact=False)).to_be_visible()
+
+    page.get_by_role("button", name="Approve").click()
+    expect(page.get_by_role("heading", name="Confirm the approval")).to_be_visible()
+    assert ApprovalRequest.objects.get(pk=second.pk).status == "pending"
+    page.get_by_role("button", name="Confirm approval").click()
+    expect(page.get_by_role("status")).to_contain_text("Approved.")
+    assert ApprovalRequest.objects.get(pk=second.pk).status == "approved"

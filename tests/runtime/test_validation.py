@@ -1,24 +1,35 @@
-"""Waits, expiry, resume validation and deliveries, driven by the in-process resume loop.
+"""Resume validation (``runtime.validation``): what must still hold before a task leaves a wait.
 
-Evidence comes from the sandbox over real HTTP (``live_server``); the model is
-the deterministic scripted one.
+One test per verdict: deadline passed -> expire; step unknown -> quarantine;
+owner lost access -> quarantine; approver lost the role -> reapprove; runtime
+config withdrawn -> replan with the current one, or quarantine; policy changed
+-> replan or proceed, as the task type says; evidence changed -> refresh,
+vanished -> quarantine, unreachable -> retry, unstorable -> quarantine.
+End-to-end tests drive a refund through the in-process resume loop; the others
+ask ``validate`` directly for its verdict on a task resuming from a checkpoint
+built for it. Evidence comes from the sandbox over real HTTP (``live_server``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
 from audit.models import TransitionEvent
-from runtime import controls, runner, sweep
-from tasks import services
-from tasks.models import ExternalEvent, Policy, RuntimeConfig, Task, TaskInput
-from tasks.states import ActorKind, State
-from tasks.transitions import Actor
+from demo.sandbox.models import Fault
+from runtime import runner, validation
+from tasks import checkpoints, registry, services
+from tasks.decisions import Decision
+from tasks.models import Policy, RuntimeConfig, Task
+from tasks.states import ActorKind, State, Trigger
+from tasks.transitions import Actor, advance
 from tenancy.models import Membership
 from tests.conftest import make_task
+from tests.standin import record_server
 from tests.workflow import approve, put_order
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -51,19 +62,6 @@ def answer(task: Task, text: str = "mug") -> Task:
     return Task.objects.get(pk=task.pk)
 
 
-def no_sweep_doorbell(task_id, region) -> None:
-    pass
-
-
-def test_a_refund_runs_to_waiting_input_with_its_evidence_recorded(acme):
-    task = waiting_for_input(acme)
-    point = services.latest_checkpoint(task)
-    assert point.step == "ask_customer"
-    assert point.facts["order_status"] == "delivered" and point.facts["triage"] == "refund"
-    assert point.facts["triage_model"] == "scripted-v1"
-    assert task.wait_deadline is not None and task.wait_deadline > timezone.now()
-
-
 def test_an_answer_resumes_through_validation_to_the_next_wait(acme):
     task = answer(waiting_for_input(acme))
     assert task.state == State.RESUME_VALIDATION
@@ -71,66 +69,6 @@ def test_an_answer_resumes_through_validation_to_the_next_wait(acme):
     assert task.state == State.WAITING_EXTERNAL
     proceed = TransitionEvent.objects.get(task=task, trigger="proceed")
     assert proceed.reason_code == "revalidated"
-
-
-def test_the_same_answer_posted_twice_applies_once(acme):
-    task = waiting_for_input(acme)
-    version = task.state_version
-    first = services.task_provide_input(task, expected_version=version, answer="mug", actor=INTEGRATOR)
-    again = services.task_provide_input(
-        Task.objects.get(pk=task.pk), expected_version=version, answer="mug", actor=INTEGRATOR
-    )
-    assert (first.applied, again.applied) == (True, False)
-    assert TaskInput.objects.filter(task=task).count() == 1
-    assert Task.objects.get(pk=task.pk).state_version == version + 1
-
-
-def test_a_duplicate_external_event_applies_once(acme, approver):
-    task = run(answer(waiting_for_input(acme)))
-    assert task.state == State.WAITING_EXTERNAL
-    deliveries = [
-        services.task_deliver_event(
-            Task.objects.get(pk=task.pk),
-            event_key="ship-1",
-            event_type="shipment.returned",
-            payload={"tracking_number": "TRK-1"},
-            actor=INTEGRATOR,
-        )
-        for _ in range(3)
-    ]
-    assert [d.applied for d in deliveries] == [True, False, False]
-    assert ExternalEvent.objects.filter(task=task).count() == 1
-    assert TransitionEvent.objects.filter(task=task, trigger="external_event").count() == 1
-    task = run(Task.objects.get(pk=task.pk))
-    assert task.state == State.WAITING_APPROVAL
-    approve(task, approver)
-    task = run(Task.objects.get(pk=task.pk))
-    assert task.state == State.COMPLETED and task.outcome["return_tracking"] == "TRK-1"
-
-
-def test_an_event_that_arrives_early_is_kept_and_applied_when_the_task_waits_for_it(acme):
-    task = waiting_for_input(acme)
-    early = services.task_deliver_event(
-        task,
-        event_key="ship-0",
-        event_type="shipment.returned",
-        payload={"tracking_number": "EARLY"},
-        actor=INTEGRATOR,
-    )
-    assert early.applied and "stored" in early.note
-    task = run(answer(Task.objects.get(pk=task.pk)))
-    assert task.state == State.WAITING_APPROVAL  # went straight past waiting_external
-    assert TransitionEvent.objects.filter(task=task, trigger="await_external").count() == 0
-    assert services.latest_checkpoint(task).facts["return_tracking"] == "EARLY"
-
-
-def test_a_wait_past_its_deadline_expires_through_the_sweep(acme):
-    task = waiting_for_input(acme)
-    report = sweep.sweep(no_sweep_doorbell, now=task.wait_deadline + timedelta(seconds=1))
-    task = Task.objects.get(pk=task.pk)
-    assert report.expired == 1
-    assert (task.state, task.outcome["reason"]) == (State.EXPIRED, "wait_expired")
-    assert last_event(task).trigger == "wait_expired"
 
 
 def test_a_task_past_its_deadline_expires_on_resume(acme):
@@ -209,58 +147,9 @@ def test_an_owner_who_lost_access_quarantines_the_resume(acme, operator):
     assert (task.state, task.state_reason) == (State.QUARANTINED, "owner_access_revoked")
 
 
-def test_a_checkpoint_naming_a_step_the_code_no_longer_has_quarantines(acme):
-    from tests.foreign_checkpoints import written_as
-
-    # Written by a deployment whose workflow still had that step.
-    with written_as(body=lambda row: row.body.replace('"gather_evidence"', '"renamed_step"')):
-        task = make_task(acme)
-    task = run(task)
-    assert (task.state, task.state_reason) == (State.QUARANTINED, "unknown_step")
-
-
-def test_a_stale_decision_is_discarded_not_applied(acme, admin_user, monkeypatch):
-    """A worker whose task moved on while it was thinking commits nothing."""
-    from runtime import engine
-
-    task = make_task(acme)
-    real_decide = engine.decide
-
-    def decide_slowly(task, checkpoint, **kwargs):
-        decision = real_decide(task, checkpoint, **kwargs)
-        controls.task_control(
-            task,
-            "escalate",
-            user=admin_user,
-            roles=frozenset({"admin"}),
-            expected_version=task.state_version,
-            reason="meanwhile",
-        )
-        return decision
-
-    monkeypatch.setattr(engine, "decide", decide_slowly)
-    outcome = runner.run_task(task.id, worker_id="slow", region="default")
-    assert outcome == "stale_version"
-    task = Task.objects.get(pk=task.pk)
-    assert task.state_version == 2 and last_event(task).trigger == "escalate"
-
-
-def test_a_ready_task_from_another_deployment_is_revalidated_before_it_resumes(acme, settings):
-    task = make_task(acme)
-    settings.DEPLOYMENT_ID = "2026-12-01"
-    task = run(task)
-    assert task.state == State.WAITING_INPUT
-    triggers = list(
-        TransitionEvent.objects.filter(task=task).order_by("state_version").values_list("trigger", flat=True)
-    )
-    assert triggers[:3] == ["start", "deployment_changed", "proceed"]
-    assert services.latest_checkpoint(task).deployment == "2026-12-01"
-
-
 def test_an_approval_whose_approver_lost_the_role_is_asked_again(acme, operator, approver):
     from approvals.models import ApprovalRequest
     from tenancy.services import revoke_role
-    from tests.workflow import approve
 
     task = run(answer(waiting_for_input(acme, owner=operator)))
     services.task_deliver_event(
@@ -280,59 +169,90 @@ def test_an_approval_whose_approver_lost_the_role_is_asked_again(acme, operator,
     assert ApprovalRequest.objects.filter(task=task).count() == 2
 
 
-def test_an_event_delivered_while_the_worker_decides_to_wait_is_not_lost(acme, monkeypatch):
-    from runtime import engine
-
-    task = answer(waiting_for_input(acme))
-    real_decide = engine.decide
-
-    def decide_then_event_arrives(task, checkpoint, **kwargs):
-        decision = real_decide(task, checkpoint, **kwargs)
-        if decision and decision.to_state == State.WAITING_EXTERNAL:
-            services.task_deliver_event(
-                Task.objects.get(pk=task.pk),
-                event_key="ship-race",
-                event_type="shipment.returned",
-                payload={"tracking_number": "RACE"},
-                actor=INTEGRATOR,
-            )
-        return decision
-
-    monkeypatch.setattr(engine, "decide", decide_then_event_arrives)
-    assert runner.run_task(task.id, worker_id="w", region="default") == "stale_version"
-    task = Task.objects.get(pk=task.pk)
-    assert task.state == State.READY  # the wait was never entered
-    monkeypatch.setattr(engine, "decide", real_decide)
-    task = run(task)
-    assert task.state == State.WAITING_APPROVAL
-    assert services.latest_checkpoint(task).facts["return_tracking"] == "RACE"
-
-
-def test_a_step_that_blows_up_quarantines_its_task_instead_of_crash_looping(acme, settings):
-    settings.LEDGER_CONNECTORS = {}  # a misconfigured deployment: the payment connector is gone
-    from ledger import connectors
-
-    connectors.get.cache_clear()
-    task = make_task(
-        acme, task_type="pay_invoice", objective="Pay", input={"invoice_id": "I-1", "amount": "5.00"}
+def resuming(tenant, *, step: str = "ask_customer", evidence: tuple[str, ...] = (), **overrides) -> Task:
+    """A refund in ``resume_validation`` whose checkpoint is at ``step`` and rests on orders ``evidence``."""
+    task = make_task(tenant, **overrides)
+    refs = [
+        checkpoints.EvidenceRef(
+            system="orders", record_id=record_id, record_version="1", fetched_at=timezone.now()
+        )
+        for record_id in evidence
+    ]
+    return advance(
+        task.id,
+        task.state_version,
+        State.RESUME_VALIDATION,
+        actor=Actor.worker("w"),
+        trigger=Trigger.DEPLOYMENT_CHANGED,
+        progress=checkpoints.Progress(step=step, facts={"order_id": "A-1"}, evidence=refs),
     )
-    assert runner.run_task(task.id, worker_id="w", region="default") == "step_error"
-    task = Task.objects.get(pk=task.pk)
-    assert (task.state, task.state_reason) == (State.QUARANTINED, "step_error")
-    assert "LookupError" in last_event(task).reason
-    connectors.get.cache_clear()
 
 
-def test_answering_a_task_whose_checkpoint_is_unreadable_is_a_409_not_a_500(acme, operator):
-    from tasks.models import Checkpoint
-    from tests.conftest import api_client_for
+def verdict(task: Task) -> Decision:
+    kind = registry.get(task.task_type)
+    return validation.validate(task, services.latest_checkpoint(task), kind, timezone.now())
 
-    task = waiting_for_input(acme)
-    Checkpoint.objects.filter(task=task, state_version=task.state_version).update(body="garbage")
-    response = api_client_for(operator).post(
-        f"/api/tasks/{task.id}/input/",
-        {"expected_version": task.state_version, "payload": {"answer": "x"}},
-        format="json",
+
+def test_a_resume_at_a_step_the_code_no_longer_has_quarantines(acme):
+    decision = verdict(resuming(acme, step="renamed_step"))
+    assert (decision.to_state, decision.reason_code) == (State.QUARANTINED, "unknown_step")
+    assert "renamed_step" in decision.reason
+
+
+def test_a_policy_change_a_task_type_calls_immaterial_proceeds_under_the_new_policy(acme, monkeypatch):
+    kind = dataclasses.replace(registry.get("refund_request"), on_policy_change="proceed")
+    monkeypatch.setitem(registry._REGISTRY, "refund_request", kind)
+    task = resuming(acme, step="ask_customer")
+    Policy.objects.update_or_create(task_type="refund_request", defaults={"version": "2027-01"})
+    decision = verdict(task)
+    assert (decision.to_state, decision.trigger) == (State.READY, Trigger.PROCEED)
+    assert decision.reason_code == "policy_changed_immaterial"
+    assert decision.changes == {"policy_version": "2027-01"}
+    assert decision.progress.step == "ask_customer"  # carries on where it was, no replan
+
+
+def test_unchanged_evidence_lets_the_task_proceed_where_it_was(acme):
+    decision = verdict(resuming(acme, evidence=("A-1",)))
+    assert (decision.to_state, decision.trigger, decision.reason_code) == (
+        State.READY,
+        Trigger.PROCEED,
+        "revalidated",
     )
-    # Edited behind the application's back: refused on its digest before it is parsed.
-    assert response.status_code == 409 and response.json()["code"] == "checkpoint_digest_mismatch"
+    assert decision.progress.step == "ask_customer"
+
+
+def test_evidence_that_vanished_during_the_wait_quarantines(acme):
+    decision = verdict(resuming(acme, evidence=("A-1", "A-404")))
+    assert (decision.to_state, decision.reason_code) == (State.QUARANTINED, "evidence_missing")
+    assert "A-404" in decision.reason
+
+
+def test_an_evidence_system_that_does_not_answer_makes_the_task_retry_after_a_backoff(acme):
+    Fault.objects.create(system="orders", operation="read", kind="error")
+    task = resuming(acme, evidence=("A-1",))
+    before = timezone.now()
+    decision = verdict(task)
+    assert (decision.to_state, decision.reason_code) == (State.WAITING_RETRY, "evidence_unavailable")
+    assert decision.changes["attempt"] == 1
+    backoff = registry.get("refund_request").backoff_for(1)
+    assert before + backoff <= decision.changes["wait_deadline"] <= timezone.now() + backoff
+
+
+def test_evidence_whose_new_version_cannot_be_stored_quarantines(acme, settings):
+    with record_server() as orders:
+        orders.put_raw("A-1", json.dumps({"id": "A-1", "version": "2\u0000", "data": {}}))
+        settings.CONNECTOR_URLS = {**settings.CONNECTOR_URLS, "orders": orders.url}
+        decision = verdict(resuming(acme, evidence=("A-1",)))
+    assert (decision.to_state, decision.reason_code) == (State.QUARANTINED, "evidence_unstorable")
+    assert "version" in decision.reason
+
+
+def test_a_verdict_is_committed_as_an_audited_transition_with_its_reason(acme):
+    task = run(resuming(acme, evidence=("A-404",)))
+    event = TransitionEvent.objects.get(task=task, from_state=State.RESUME_VALIDATION)
+    assert (event.to_state, event.trigger, event.reason_code) == (
+        State.QUARANTINED,
+        Trigger.QUARANTINE,
+        "evidence_missing",
+    )
+    assert (task.state, task.state_reason) == (State.QUARANTINED, "evidence_missing")

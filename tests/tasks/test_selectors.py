@@ -12,7 +12,7 @@ from tasks.models import Task
 from tasks.selectors import stuck_condition
 from tasks.states import State, Trigger
 from tasks.transitions import Actor, advance
-from tests.conftest import api_client_for, make_task
+from tests.conftest import make_task
 
 pytestmark = pytest.mark.django_db
 LONG_AGO = timedelta(minutes=30)
@@ -62,14 +62,3 @@ def test_an_outcome_unknown_for_too_long_is_stuck(acme, settings):
     assert task.id not in stuck_ids()
     age(task, timedelta(seconds=settings.UNKNOWN_OUTCOME_ESCALATE_AFTER + 60))
     assert task.id in stuck_ids()
-
-
-def test_the_api_filters_stuck_tasks_and_refuses_a_bad_value(operator, acme):
-    stuck, fresh = make_task(acme), make_task(acme)
-    age(stuck)
-    client = api_client_for(operator)
-    ids = {row["id"] for row in client.get("/api/tasks/", {"stuck": "true"}).json()["results"]}
-    assert ids == {str(stuck.id)}
-    ids = {row["id"] for row in client.get("/api/tasks/", {"stuck": "false"}).json()["results"]}
-    assert ids == {str(fresh.id)}
-    assert client.get("/api/tasks/", {"stuck": "maybe"}).status_code == 400

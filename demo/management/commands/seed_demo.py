@@ -75,7 +75,7 @@ class Command(BaseCommand):
 
     def _lost_answer(self, task, worker) -> None:
         """A payment in doubt: intended, sent, no answer. The reconciler will ask the payments system."""
-        step = registry.get(task.task_type).step("pay")
+        step = registry.get(task.task_type).step_as("pay", registry.Dispatch)
         progress = services.latest_checkpoint(task).progress
         intent = ActionIntent(step="pay", connector="payments", effect=step.effect(task_facts(task)))
         task = advance(
@@ -225,7 +225,8 @@ class Command(BaseCommand):
                 progress=progress,
             )
             kind = registry.get(task.task_type)
-            ask = approvals.request_decision(task, kind, kind.step("approve"), progress, now=now)
+            approve = kind.step_as("approve", registry.RequestApproval)
+            ask = approvals.request_decision(task, kind, approve, progress, now=now)
             decisions.commit(task, ask, actor=worker)
         if task := start(
             "unknown",

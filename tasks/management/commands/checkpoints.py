@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import json
+from argparse import ArgumentParser
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -26,7 +28,7 @@ from tasks.transitions import Actor
 class Command(BaseCommand):
     help = "Inspect, validate and resume from task checkpoints."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: ArgumentParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)
         sub.add_parser("schema")
         check = sub.add_parser("check")
@@ -36,7 +38,7 @@ class Command(BaseCommand):
         for name in ("show", "resume"):
             sub.add_parser(name).add_argument("task_id")
 
-    def handle(self, *args, action: str, **options):
+    def handle(self, *args: Any, action: str, **options: Any) -> None:
         if action == "schema":
             self.stdout.write(json.dumps(checkpoints.json_schema(), indent=2, sort_keys=True))
         elif action == "check":

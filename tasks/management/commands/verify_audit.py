@@ -10,6 +10,9 @@ transitions committing during the run never show up as breaks.
 
 from __future__ import annotations
 
+from argparse import ArgumentParser
+from typing import Any
+
 from django.core.management.base import BaseCommand, CommandError
 
 from audit.verify import verify_task
@@ -19,10 +22,10 @@ from tasks.models import Task
 class Command(BaseCommand):
     help = "Verify the per-task hash chain of the transition log."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--task", action="append", default=[], help="Only this task id (repeatable)")
 
-    def handle(self, *args, task: list[str], **options):
+    def handle(self, *args: Any, task: list[str], **options: Any) -> None:
         # Only ids here: verify_task reads each head and version with its events, in one snapshot.
         tasks = Task.objects.only("id").order_by("id")
         if task:

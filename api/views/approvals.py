@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
@@ -11,61 +12,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api.tasks import OldestFirst
+from api.pagination import OldestFirst
+from api.serializers import ApprovalOut
 from approvals import selectors, services
-from approvals.models import ApprovalRequest, ApprovalStatus, Decision
+from approvals.models import ApprovalStatus, Decision
 from tasks import values
-
-
-class ApprovalOut(serializers.ModelSerializer):
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    task_type = serializers.CharField(source="task.task_type", read_only=True)
-    task_state = serializers.CharField(source="task.state", read_only=True)
-    live = serializers.SerializerMethodField()
-    decision = serializers.SerializerMethodField()
-
-    class Meta:
-        model = ApprovalRequest
-        fields = [
-            "id",
-            "tenant",
-            "task",
-            "task_type",
-            "task_state",
-            "step",
-            "action_step",
-            "waiting_version",
-            "consequential",
-            "digest",
-            "material",
-            "evidence",
-            "policy_reason",
-            "policy_version",
-            "approver_role",
-            "requested_by",
-            "allowed_decisions",
-            "expires_at",
-            "status",
-            "live",
-            "created_at",
-            "decided_at",
-            "decision",
-        ]
-        read_only_fields = fields
-
-    def get_live(self, request: ApprovalRequest) -> bool:
-        return selectors.is_live(request)
-
-    def get_decision(self, request: ApprovalRequest) -> dict[str, Any] | None:
-        made = getattr(request, "decision", None)
-        if made is None:
-            return None
-        return {
-            "decision": made.decision,
-            "by": made.decided_by.get_username(),
-            "comment": made.comment,
-            "at": made.decided_at,
-        }
 
 
 def refused(exc: services.ApprovalRefused) -> Response:
@@ -109,7 +60,7 @@ class ApprovalListApi(APIView):
 
 class ApprovalDetailApi(APIView):
     @extend_schema(operation_id="approvals_retrieve", responses={200: ApprovalOut, 404: OpenApiResponse()})
-    def get(self, request: Request, request_id) -> Response:
+    def get(self, request: Request, request_id: UUID) -> Response:
         return Response(ApprovalOut(selectors.get_visible_request(request.user, request_id)).data)
 
 
@@ -151,7 +102,7 @@ class ApprovalDecideApi(APIView):
             410: OpenApiResponse(description="Expired"),
         },
     )
-    def post(self, request: Request, request_id) -> Response:
+    def post(self, request: Request, request_id: UUID) -> Response:
         approval = selectors.get_visible_request(request.user, request_id)
         body = self.DecideInput(data=request.data)
         body.is_valid(raise_exception=True)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
+from uuid import UUID
 
-from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import Model, OuterRef, QuerySet, Subquery
 from django.shortcuts import get_object_or_404
-from django.utils import timezone
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
@@ -16,248 +16,25 @@ from drf_spectacular.utils import (
     inline_serializer,
 )
 from rest_framework import serializers, status
-from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
-from rest_framework.pagination import CursorPagination
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from approvals.models import ApprovalRequest, ApprovalStatus
-from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS
-from audit.models import LeaseTakeover, TransitionEvent
+from api.pagination import ByVersion, NewestFirst, OldestFirst, Pages
+from api.serializers import ActionOut, CheckpointOut, DeliveryOut, EventOut, TaskDetail, TaskSummary, storable
+from audit.models import TransitionEvent
 from ledger.models import Action
 from runtime import controls
-from tasks import checkpoints, registry, selectors, services, values
-from tasks.models import Checkpoint, Lease, Task
+from tasks import registry, selectors, services
+from tasks.models import Checkpoint, Task
 from tasks.states import ActorKind, State
 from tasks.transitions import Actor
-from tenancy.models import Role
+from tenancy.models import Role, Tenant
 from tenancy.selectors import tenant_ids_for, tenants_for
 
 MAX_VERSION = 2**31 - 1
-TAKEOVERS_SHOWN = 5  # newest lease takeovers in a task's detail
 CREATE_ROLES = (Role.OPERATOR, Role.ADMIN)
-
-
-def _storable(value: Any, where: str = "input") -> None:
-    """A value PostgreSQL cannot hold (NUL, lone surrogate, NaN, in a key or a value) is bad
-    input: a 400 naming where it sits, never a 500 from the database (``tasks.values``)."""
-    try:
-        values.check(value, where)
-    except values.Unstorable as exc:
-        raise serializers.ValidationError(str(exc)) from None
-
-
-class Pages(CursorPagination):
-    """Keyset pagination: pages stay fast at any depth, and a bad cursor is a 400."""
-
-    page_size = 50
-    page_size_query_param = "page_size"
-    max_page_size = 500
-
-    def paginate_queryset(self, queryset, request, view=None):
-        self.model = queryset.model
-        return super().paginate_queryset(queryset, request, view)
-
-    def decode_cursor(self, request):
-        """A cursor that does not decode, or whose position does not fit the ordering field, is a 400."""
-        try:
-            cursor = super().decode_cursor(request)
-            if cursor is not None and cursor.position is not None:
-                ordering = self.ordering if isinstance(self.ordering, str) else self.ordering[0]
-                field = self.model._meta.get_field(ordering.lstrip("-"))
-                field.get_prep_value(field.to_python(cursor.position))
-            return cursor
-        except (NotFound, DjangoValidationError, ValueError, TypeError):
-            raise ValidationError({"cursor": ["Invalid cursor."]}) from None
-
-
-class NewestFirst(Pages):
-    ordering = "-id"  # ids are time-ordered UUIDs
-
-
-class ByVersion(Pages):
-    ordering = "state_version"
-
-
-class OldestFirst(Pages):
-    ordering = "id"
-
-
-class TaskSummary(serializers.ModelSerializer):
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-
-    class Meta:
-        model = Task
-        fields = [
-            "id",
-            "tenant",
-            "task_type",
-            "objective",
-            "state",
-            "state_version",
-            "state_reason",
-            "region",
-            "attempt",
-            "escalation_level",
-            "deadline",
-            "wait_deadline",
-            "created_at",
-            "updated_at",
-            "state_entered_at",
-        ]
-        read_only_fields = fields
-
-
-class TaskDetail(TaskSummary):
-    owner = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    runtime_config = serializers.SerializerMethodField()
-    escalation = serializers.SerializerMethodField()
-    lease = serializers.SerializerMethodField()
-    pending_approvals = serializers.SerializerMethodField()
-    ledger = serializers.SerializerMethodField()
-    allowed_transitions = serializers.SerializerMethodField()
-
-    class Meta(TaskSummary.Meta):
-        fields = TaskSummary.Meta.fields + [
-            "owner",
-            "parent",
-            "input",
-            "outcome",
-            "idempotency_key",
-            "policy_version",
-            "runtime_config",
-            "escalation",
-            "lease",
-            "pending_approvals",
-            "ledger",
-            "allowed_transitions",
-        ]
-        read_only_fields = fields
-
-    def get_runtime_config(self, task: Task) -> dict[str, str]:
-        return {"model": task.model_id, "prompt": task.prompt_id, "tool_set": task.toolset_id}
-
-    def get_escalation(self, task: Task) -> dict[str, Any]:
-        return {"level": task.escalation_level, "to": task.escalated_to, "reason": task.escalation_reason}
-
-    def get_lease(self, task: Task) -> dict[str, Any] | None:
-        lease = Lease.objects.filter(task=task).first()
-        if lease is None:
-            return None
-        takeovers = LeaseTakeover.objects.filter(task=task).order_by("-taken_at")[:TAKEOVERS_SHOWN]
-        return {
-            "worker_id": lease.worker_id,
-            "token": lease.token,
-            "heartbeat_at": lease.heartbeat_at,
-            "expires_at": lease.expires_at,
-            "live": lease.expires_at > timezone.now(),
-            # Newest first: leases reclaimed from workers that stopped heartbeating.
-            "takeovers": [
-                {
-                    "worker_id": t.worker_id,
-                    "token": t.token,
-                    "previous_worker_id": t.previous_worker_id,
-                    "stale_token": t.stale_token,
-                    "previous_heartbeat_at": t.previous_heartbeat_at,
-                    "previous_expires_at": t.previous_expires_at,
-                    "taken_at": t.taken_at,
-                    "heartbeat_age_seconds": (t.taken_at - t.previous_heartbeat_at).total_seconds(),
-                }
-                for t in takeovers
-            ],
-        }
-
-    def get_pending_approvals(self, task: Task) -> list[dict[str, Any]]:
-        if task.state != State.WAITING_APPROVAL:
-            return []  # a request the task no longer waits for is not pending, whatever its row says yet
-        pending = ApprovalRequest.objects.filter(
-            task=task, status=ApprovalStatus.PENDING, waiting_version=task.state_version
-        ).order_by("created_at")
-        return [
-            {
-                "id": r.id,
-                "step": r.step,
-                "action_step": r.action_step,
-                "digest": r.digest,
-                "expires_at": r.expires_at,
-            }
-            for r in pending
-        ]
-
-    def get_ledger(self, task: Task) -> dict[str, int]:
-        return selectors.ledger_summary(task)
-
-    def get_allowed_transitions(self, task: Task) -> list[dict[str, str]]:
-        return selectors.allowed_moves(self.context["request"].user, task)
-
-
-class EventOut(serializers.ModelSerializer):
-    class Meta:
-        model = TransitionEvent
-        # Every hashed field (so an auditor can recompute the chain), bar the task's own ids.
-        fields = [name for name in HASHED_FIELDS if name not in ("task_id", "tenant_id")] + [
-            *OPTIONAL_HASHED_FIELDS,
-            "prev_hash",
-            "hash",
-        ]
-        read_only_fields = fields
-
-
-class CheckpointOut(serializers.ModelSerializer):
-    document = serializers.SerializerMethodField()
-    readable = serializers.SerializerMethodField()
-
-    class Meta:
-        model = Checkpoint
-        fields = ["state_version", "schema_version", "codec", "digest", "created_at", "readable", "document"]
-        read_only_fields = fields
-
-    def _decoded(self, row: Checkpoint) -> dict[str, Any]:
-        cache = self.__dict__.setdefault("_decoded_rows", {})
-        if row.pk not in cache:
-            try:
-                # recorded_digest: annotated by TaskCheckpointsApi from the row's audit event.
-                document = checkpoints.decode_stored(row, recorded_digest=row.recorded_digest)
-                document = document.model_dump(mode="json")
-                cache[row.pk] = {"ok": True, "document": document}
-            except checkpoints.CheckpointUnreadable as exc:
-                cache[row.pk] = {"ok": False, "document": {"reason": exc.reason, "detail": exc.detail}}
-        return cache[row.pk]
-
-    def get_readable(self, row: Checkpoint) -> bool:
-        return self._decoded(row)["ok"]
-
-    def get_document(self, row: Checkpoint) -> dict[str, Any]:
-        return self._decoded(row)["document"]
-
-
-class ActionOut(serializers.ModelSerializer):
-    class Meta:
-        model = Action
-        fields = [
-            "id",
-            "step",
-            "idempotency_key",
-            "connector",
-            "effect",
-            "effect_digest",
-            "dispatch_state",
-            "outcome",
-            "external_ref",
-            "attempts",
-            "last_error",
-            "duplicates_suppressed",
-            "dispatched_at",
-            "unknown_since",
-            "checked_at",
-            "resolved_at",
-            "compensation_of",
-            "created_at",
-            "updated_at",
-        ]
-        read_only_fields = fields
-
 
 CONFLICT = OpenApiResponse(
     inline_serializer(
@@ -273,6 +50,9 @@ CONFLICT = OpenApiResponse(
 )
 
 
+# --- start and list ------------------------------------------------------------------------------
+
+
 class TaskCollectionApi(APIView):
     class CreateInput(serializers.Serializer):
         task_type = serializers.ChoiceField(choices=[])
@@ -282,14 +62,16 @@ class TaskCollectionApi(APIView):
         idempotency_key = serializers.CharField(max_length=200, required=False, allow_blank=False)
         tenant = serializers.SlugField(required=False, help_text="Needed when you may start tasks in several")
 
-        def __init__(self, *args, **kwargs):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.fields["task_type"].choices = registry.names()
+            task_type = self.fields["task_type"]
+            assert isinstance(task_type, serializers.ChoiceField)
+            task_type.choices = registry.names()
 
         def validate_input(self, value: Any) -> dict[str, Any]:
             if not isinstance(value, dict):
                 raise serializers.ValidationError("Expected a JSON object.")
-            _storable(value)
+            storable(value)
             return value
 
     @extend_schema(
@@ -350,7 +132,7 @@ class TaskCollectionApi(APIView):
         return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @staticmethod
-    def _tenant_for_create(request: Request, slug: str | None):
+    def _tenant_for_create(request: Request, slug: str | None) -> Tenant:
         allowed = tenants_for(request.user, CREATE_ROLES)
         if slug:
             if not tenant_ids_for(request.user):
@@ -370,9 +152,12 @@ class TaskCollectionApi(APIView):
         return choices[0]
 
 
+# --- one task and its history --------------------------------------------------------------------
+
+
 class TaskDetailApi(APIView):
     @extend_schema(operation_id="tasks_retrieve", responses={200: TaskDetail, 404: OpenApiResponse()})
-    def get(self, request: Request, task_id) -> Response:
+    def get(self, request: Request, task_id: UUID) -> Response:
         task = selectors.get_visible_task(request.user, task_id)
         return Response(TaskDetail(task, context={"request": request}).data)
 
@@ -380,14 +165,14 @@ class TaskDetailApi(APIView):
 class _TaskHistoryApi(APIView):
     """A paginated history list of one visible task."""
 
-    model: type = TransitionEvent
-    output: type[serializers.Serializer] = EventOut
-    pages: type[Pages] = ByVersion
+    model: ClassVar[type[Model]] = TransitionEvent
+    output: ClassVar[type[serializers.Serializer]] = EventOut
+    pages: ClassVar[type[Pages]] = ByVersion
 
-    def rows(self, task: Task) -> QuerySet:
-        return self.model.objects.filter(task=task)
+    def rows(self, task: Task) -> QuerySet[Any]:
+        return self.model._default_manager.filter(task=task)
 
-    def get(self, request: Request, task_id) -> Response:
+    def get(self, request: Request, task_id: UUID) -> Response:
         task = selectors.get_visible_task(request.user, task_id)
         pages = self.pages()
         page = pages.paginate_queryset(self.rows(task), request, view=self)
@@ -415,7 +200,7 @@ class TaskEventsApi(_TaskHistoryApi):
 class TaskCheckpointsApi(_TaskHistoryApi):
     model, output = Checkpoint, CheckpointOut
 
-    def rows(self, task: Task) -> QuerySet:
+    def rows(self, task: Task) -> QuerySet[Any]:
         # Each row with the digest its audit event recorded, which decoding checks it against.
         recorded = TransitionEvent.objects.filter(
             task_id=OuterRef("task_id"), state_version=OuterRef("state_version")
@@ -434,10 +219,25 @@ class TaskActionsApi(_TaskHistoryApi):
     model, output, pages = Action, ActionOut, OldestFirst
 
 
+# --- operator controls ---------------------------------------------------------------------------
+
+
+class _ControlSchema(AutoSchema):
+    """One view class serves every control; each control's operation is named after it."""
+
+    def get_operation_id(self) -> str:
+        view = self.view
+        assert isinstance(view, TaskControlApi)
+        return f"tasks_{view.control}"
+
+
 class TaskControlApi(APIView):
     """POST /api/tasks/{id}/{cancel,quarantine,release,retry,escalate,reconcile}/"""
 
-    control = ""
+    # One URL per control, named through as_view (``TaskControlApi.as_view(control="cancel")``);
+    # one of ``runtime.controls.CONTROLS``. (The docstring above is the schema's description.)
+    control: str = ""
+    schema = _ControlSchema()
 
     class ControlInput(serializers.Serializer):
         expected_version = serializers.IntegerField(min_value=1, max_value=MAX_VERSION)
@@ -446,7 +246,7 @@ class TaskControlApi(APIView):
         escalate_to = serializers.ChoiceField(choices=controls.ESCALATION_ROLES, default="admin")
 
         def validate_reason(self, value: str) -> str:
-            _storable(value, "reason")
+            storable(value, "reason")
             return value
 
     class ControlOutput(serializers.Serializer):
@@ -464,7 +264,7 @@ class TaskControlApi(APIView):
             409: CONFLICT,
         },
     )
-    def post(self, request: Request, task_id) -> Response:
+    def post(self, request: Request, task_id: UUID) -> Response:
         task = selectors.get_visible_task(request.user, task_id)
         roles = selectors.roles_in(request.user, task)
         if not roles & {Role.OPERATOR, Role.ADMIN}:
@@ -484,17 +284,7 @@ class TaskControlApi(APIView):
         )
 
 
-def control_view(name: str):
-    return extend_schema_view(post=extend_schema(operation_id=f"tasks_{name}"))(
-        type(f"Task{name.title()}Api", (TaskControlApi,), {"control": name})
-    ).as_view()
-
-
-class DeliveryOut(serializers.Serializer):
-    applied = serializers.BooleanField(help_text="False: a duplicate, acknowledged and not applied again")
-    note = serializers.CharField()
-    task = TaskDetail()
-
+# --- input and events from outside ---------------------------------------------------------------
 
 FEED_RESPONSES = {
     200: DeliveryOut,
@@ -541,7 +331,7 @@ class TaskInputApi(APIView):
                 )
             if isinstance(answer, int) and not isinstance(answer, bool) and abs(answer) > 2**53:
                 raise serializers.ValidationError("answer is too large a number.")
-            _storable(value, "payload")
+            storable(value, "payload")
             return value
 
     @extend_schema(
@@ -549,7 +339,7 @@ class TaskInputApi(APIView):
         request=AnswerInput,
         responses=FEED_RESPONSES,
     )
-    def post(self, request: Request, task_id) -> Response:
+    def post(self, request: Request, task_id: UUID) -> Response:
         task = selectors.get_visible_task(request.user, task_id)
         actor = _integrator(request, task)
         body = self.AnswerInput(data=request.data)
@@ -574,7 +364,7 @@ class TaskExternalEventApi(APIView):
         def validate_payload(self, value: Any) -> dict[str, Any]:
             if not isinstance(value, dict):
                 raise serializers.ValidationError("Expected a JSON object.")
-            _storable(value, "payload")
+            storable(value, "payload")
             return value
 
     @extend_schema(
@@ -582,7 +372,7 @@ class TaskExternalEventApi(APIView):
         request=EventInput,
         responses=FEED_RESPONSES,
     )
-    def post(self, request: Request, task_id) -> Response:
+    def post(self, request: Request, task_id: UUID) -> Response:
         task = selectors.get_visible_task(request.user, task_id)
         actor = _integrator(request, task)
         body = self.EventInput(data=request.data)

@@ -1,4 +1,4 @@
-"""The approvals API: deciding over HTTP, the approver inbox, and the request detail.
+"""The approvals API (``/api/approvals/``): deciding over HTTP, the approver inbox, and the request detail.
 
 Every request goes through DRF's ``APIClient`` (``api_client_for``) on
 PostgreSQL; the task behind each request is a refund driven to
@@ -36,8 +36,23 @@ from tests.approvals.conftest import (
     triggers,
 )
 from tests.conftest import api_client_for, make_user
+from tests.workflow import put_order
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+# The approvals suites' two fixtures (tests/approvals/conftest.py), for this directory.
+@pytest.fixture
+def sandbox(live_server, settings):
+    """Point the connectors and evidence reads at the sandbox; order A-1 exists, delivered."""
+    settings.SANDBOX_BASE_URL = f"{live_server.url}/sandbox"
+    put_order("A-1")
+
+
+@pytest.fixture
+def waiting(sandbox, acme, operator) -> Task:
+    """A refund of order A-1 owned by the operator, waiting for its approval."""
+    return drive_to_approval(acme, operator)
 
 
 def post(user, path: str, body: Any):

@@ -1,0 +1,277 @@
+"""What the API answers with: tasks, their history, approvals. Read-only serializers.
+
+Request bodies are parsed by the input serializer nested in each view
+(``api.views``); ``storable`` is the guard their free-form fields share.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+from rest_framework import serializers
+
+from approvals import selectors as approval_selectors
+from approvals.models import ApprovalRequest, ApprovalStatus
+from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS
+from audit.models import LeaseTakeover, TransitionEvent
+from ledger.models import Action
+from tasks import checkpoints, selectors, values
+from tasks.models import Checkpoint, Lease, Task
+from tasks.states import State
+from tenancy.models import Tenant
+
+TAKEOVERS_SHOWN = 5  # newest lease takeovers in a task's detail
+
+
+def storable(value: Any, where: str = "input") -> None:
+    """A value PostgreSQL cannot hold (NUL, lone surrogate, NaN, in a key or a value) is bad
+    input: a 400 naming where it sits, never a 500 from the database (``tasks.values``)."""
+    try:
+        values.check(value, where)
+    except values.Unstorable as exc:
+        raise serializers.ValidationError(str(exc)) from None
+
+
+# --- tasks -----------------------------------------------------------------------------------------
+
+
+class TaskSummary(serializers.ModelSerializer):
+    tenant: serializers.SlugRelatedField[Tenant] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+
+    class Meta:
+        model = Task
+        fields = [
+            "id",
+            "tenant",
+            "task_type",
+            "objective",
+            "state",
+            "state_version",
+            "state_reason",
+            "region",
+            "attempt",
+            "escalation_level",
+            "deadline",
+            "wait_deadline",
+            "created_at",
+            "updated_at",
+            "state_entered_at",
+        ]
+        read_only_fields = fields
+
+
+class TaskDetail(TaskSummary):
+    owner: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
+    runtime_config = serializers.SerializerMethodField()
+    escalation = serializers.SerializerMethodField()
+    lease = serializers.SerializerMethodField()
+    pending_approvals = serializers.SerializerMethodField()
+    ledger = serializers.SerializerMethodField()
+    allowed_transitions = serializers.SerializerMethodField()
+
+    class Meta(TaskSummary.Meta):
+        fields = TaskSummary.Meta.fields + [
+            "owner",
+            "parent",
+            "input",
+            "outcome",
+            "idempotency_key",
+            "policy_version",
+            "runtime_config",
+            "escalation",
+            "lease",
+            "pending_approvals",
+            "ledger",
+            "allowed_transitions",
+        ]
+        read_only_fields = fields
+
+    def get_runtime_config(self, task: Task) -> dict[str, str]:
+        return {"model": task.model_id, "prompt": task.prompt_id, "tool_set": task.toolset_id}
+
+    def get_escalation(self, task: Task) -> dict[str, Any]:
+        return {"level": task.escalation_level, "to": task.escalated_to, "reason": task.escalation_reason}
+
+    def get_lease(self, task: Task) -> dict[str, Any] | None:
+        lease = Lease.objects.filter(task=task).first()
+        if lease is None:
+            return None
+        takeovers = LeaseTakeover.objects.filter(task=task).order_by("-taken_at")[:TAKEOVERS_SHOWN]
+        return {
+            "worker_id": lease.worker_id,
+            "token": lease.token,
+            "heartbeat_at": lease.heartbeat_at,
+            "expires_at": lease.expires_at,
+            "live": lease.expires_at > timezone.now(),
+            # Newest first: leases reclaimed from workers that stopped heartbeating.
+            "takeovers": [
+                {
+                    "worker_id": t.worker_id,
+                    "token": t.token,
+                    "previous_worker_id": t.previous_worker_id,
+                    "stale_token": t.stale_token,
+                    "previous_heartbeat_at": t.previous_heartbeat_at,
+                    "previous_expires_at": t.previous_expires_at,
+                    "taken_at": t.taken_at,
+                    "heartbeat_age_seconds": (t.taken_at - t.previous_heartbeat_at).total_seconds(),
+                }
+                for t in takeovers
+            ],
+        }
+
+    def get_pending_approvals(self, task: Task) -> list[dict[str, Any]]:
+        if task.state != State.WAITING_APPROVAL:
+            return []  # a request the task no longer waits for is not pending, whatever its row says yet
+        pending = ApprovalRequest.objects.filter(
+            task=task, status=ApprovalStatus.PENDING, waiting_version=task.state_version
+        ).order_by("created_at")
+        return [
+            {
+                "id": r.id,
+                "step": r.step,
+                "action_step": r.action_step,
+                "digest": r.digest,
+                "expires_at": r.expires_at,
+            }
+            for r in pending
+        ]
+
+    def get_ledger(self, task: Task) -> dict[str, int]:
+        return selectors.ledger_summary(task)
+
+    def get_allowed_transitions(self, task: Task) -> list[dict[str, str]]:
+        return selectors.allowed_moves(self.context["request"].user, task)
+
+
+class EventOut(serializers.ModelSerializer):
+    class Meta:
+        model = TransitionEvent
+        # Every hashed field (so an auditor can recompute the chain), bar the task's own ids.
+        fields = [name for name in HASHED_FIELDS if name not in ("task_id", "tenant_id")] + [
+            *OPTIONAL_HASHED_FIELDS,
+            "prev_hash",
+            "hash",
+        ]
+        read_only_fields = fields
+
+
+class CheckpointOut(serializers.ModelSerializer):
+    document = serializers.SerializerMethodField()
+    readable = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Checkpoint
+        fields = ["state_version", "schema_version", "codec", "digest", "created_at", "readable", "document"]
+        read_only_fields = fields
+
+    def _decoded(self, row: Checkpoint) -> dict[str, Any]:
+        cache: dict[Any, dict[str, Any]] = self.__dict__.setdefault("_decoded_rows", {})
+        if row.pk not in cache:
+            try:
+                # recorded_digest: annotated by TaskCheckpointsApi from the row's audit event.
+                recorded = row.recorded_digest  # type: ignore[attr-defined]
+                document = checkpoints.decode_stored(row, recorded_digest=recorded)
+                cache[row.pk] = {"ok": True, "document": document.model_dump(mode="json")}
+            except checkpoints.CheckpointUnreadable as exc:
+                cache[row.pk] = {"ok": False, "document": {"reason": exc.reason, "detail": exc.detail}}
+        return cache[row.pk]
+
+    def get_readable(self, row: Checkpoint) -> bool:
+        return self._decoded(row)["ok"]
+
+    def get_document(self, row: Checkpoint) -> dict[str, Any]:
+        return self._decoded(row)["document"]
+
+
+class ActionOut(serializers.ModelSerializer):
+    class Meta:
+        model = Action
+        fields = [
+            "id",
+            "step",
+            "idempotency_key",
+            "connector",
+            "effect",
+            "effect_digest",
+            "dispatch_state",
+            "outcome",
+            "external_ref",
+            "attempts",
+            "last_error",
+            "duplicates_suppressed",
+            "dispatched_at",
+            "unknown_since",
+            "checked_at",
+            "resolved_at",
+            "compensation_of",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class DeliveryOut(serializers.Serializer):
+    applied = serializers.BooleanField(help_text="False: a duplicate, acknowledged and not applied again")
+    note = serializers.CharField()
+    task = TaskDetail()
+
+
+# --- approvals -------------------------------------------------------------------------------------
+
+
+class ApprovalOut(serializers.ModelSerializer):
+    tenant: serializers.SlugRelatedField[Tenant] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    task_type = serializers.CharField(source="task.task_type", read_only=True)
+    task_state = serializers.CharField(source="task.state", read_only=True)
+    live = serializers.SerializerMethodField()
+    decision = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ApprovalRequest
+        fields = [
+            "id",
+            "tenant",
+            "task",
+            "task_type",
+            "task_state",
+            "step",
+            "action_step",
+            "waiting_version",
+            "consequential",
+            "digest",
+            "material",
+            "evidence",
+            "policy_reason",
+            "policy_version",
+            "approver_role",
+            "requested_by",
+            "allowed_decisions",
+            "expires_at",
+            "status",
+            "live",
+            "created_at",
+            "decided_at",
+            "decision",
+        ]
+        read_only_fields = fields
+
+    def get_live(self, request: ApprovalRequest) -> bool:
+        return approval_selectors.is_live(request)
+
+    def get_decision(self, request: ApprovalRequest) -> dict[str, Any] | None:
+        made = getattr(request, "decision", None)
+        if made is None:
+            return None
+        return {
+            "decision": made.decision,
+            "by": made.decided_by.get_username(),
+            "comment": made.comment,
+            "at": made.decided_at,
+        }

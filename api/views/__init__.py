@@ -1,0 +1,1 @@
+"""The API's views: one ``APIView`` per operation, in ``tasks`` and ``approvals``."""

@@ -1,0 +1,87 @@
+"""Audit exports an auditor can verify offline: CSV and JSON, written as they stream.
+
+Each event carries every field its hash covers (``audit.chain.HASHED_FIELDS``
+and ``OPTIONAL_HASHED_FIELDS``) in its canonical V1 form — datetimes as ISO
+8601 in UTC with microseconds, UUIDs as strings, numbers as numbers — with
+``prev_hash`` and ``hash``. So, outside this system::
+
+    fields = {name: event[name] for name in HASHED_FIELDS + OPTIONAL_HASHED_FIELDS}
+    assert event_hash(event["prev_hash"], fields) == event["hash"]
+
+for a JSON event as it is. A CSV cell is text: read ``tenant_id``,
+``state_version`` and ``attempt`` back as integers and an empty ``parent_id``
+as null (``INTEGER_FIELDS``, ``NULLABLE_FIELDS``) before hashing. A task's
+export also names the head and version it was read up to (the JSON's
+``"task"``), so ``audit.chain.verify_events`` can check the chain is whole.
+
+Pure Python over already-read events: no queries here (the caller streams pages).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from audit import canonical
+from audit.chain import GENESIS, HASHED_FIELDS, OPTIONAL_HASHED_FIELDS
+
+FORMAT = "durable-agents/audit-export"
+FORMAT_VERSION = 1
+CHAIN_FIELDS = (*HASHED_FIELDS, *OPTIONAL_HASHED_FIELDS)
+COLUMNS = ("event_id", *CHAIN_FIELDS, "prev_hash", "hash")
+INTEGER_FIELDS = ("tenant_id", "state_version", "attempt")
+NULLABLE_FIELDS = ("parent_id",)
+
+
+def event_record(event: Any) -> dict[str, Any]:
+    """``event`` as plain JSON values, the chain fields exactly as the hash saw them."""
+    covered = {name: getattr(event, name) for name in CHAIN_FIELDS}
+    # Through the chain's own encoder, so an export can never spell a value differently.
+    plain = json.loads(canonical.dumps(covered, version=canonical.V1))
+    return {"event_id": event.id, **plain, "prev_hash": event.prev_hash, "hash": event.hash}
+
+
+def header(*, kind: str, exported_at: str, **extra: Any) -> dict[str, Any]:
+    """What a JSON export says about itself before its events."""
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "kind": kind,
+        "exported_at": exported_at,
+        "hash": {
+            "algorithm": "sha256(prev_hash + canonical_json_v1(fields))",
+            "genesis": GENESIS,
+            "fields": list(HASHED_FIELDS),
+            "optional_fields": list(OPTIONAL_HASHED_FIELDS),
+        },
+        **extra,
+    }
+
+
+def stream_json(head: dict[str, Any], events: Iterable[Any]) -> Iterator[str]:
+    """``{...head, "events": [...], "count": n}`` one event per chunk; ends with the count."""
+    opening = json.dumps(head, ensure_ascii=False)
+    yield opening[:-1] + ', "events": [\n'
+    count = 0
+    for event in events:
+        yield ("" if count == 0 else ",\n") + json.dumps(event_record(event), ensure_ascii=False)
+        count += 1
+    yield f'\n], "count": {count}}}\n'
+
+
+class _Echo:
+    """A file whose ``write`` hands the line back: csv.writer without a buffer."""
+
+    def write(self, value: str) -> str:
+        return value
+
+
+def stream_csv(events: Iterable[Any]) -> Iterator[str]:
+    """A header row of ``COLUMNS``, then one row per event (null written as an empty cell)."""
+    writer = csv.writer(_Echo())
+    yield writer.writerow(COLUMNS)
+    for event in events:
+        record = event_record(event)
+        yield writer.writerow(["" if record[name] is None else record[name] for name in COLUMNS])

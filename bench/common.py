@@ -1,0 +1,91 @@
+"""What the benchmark scripts share: their throwaway database, Django set-up, the machine header.
+
+Each script puts the project root on ``sys.path`` first (run as ``python bench/<name>.py``,
+Python puts ``bench/`` there instead) and then imports this module as ``bench.common``.
+Nothing here imports Django at module level: spawned writers import it before they set Django up.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SERVER_URL = "postgres://postgres@127.0.0.1:5432/postgres"
+RESULTS_DIR = ROOT / "bench" / "results"
+
+
+def with_dbname(url: str, dbname: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))
+
+
+def recreate_database(server_url: str, dbname: str, *, create: bool) -> None:
+    """Drop ``dbname`` on the server (even with sessions left), and create it afresh if ``create``."""
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
+        if create:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+
+
+def settle(url: str) -> None:
+    """Same starting conditions for every measurement: no dead rows, no pending checkpoint."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+        conn.execute("CHECKPOINT")
+
+
+def setup_django(debug: bool) -> None:
+    """Configure Django for the database in DATABASE_URL (set by main before spawning)."""
+    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    os.environ["DEBUG"] = "1" if debug else "0"
+    os.environ.setdefault("SECRET_KEY", "bench-only-not-secret")
+    os.environ.setdefault("CELERY_BROKER_URL", "memory://")  # nothing here may reach a real broker
+    import django
+    from django.apps import apps
+
+    if not apps.ready:
+        django.setup()
+
+
+def machine_info(url: str) -> dict[str, Any]:
+    with psycopg.connect(url) as conn:
+        server = conn.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
+        full = conn.execute("SELECT version()").fetchone()[0]  # type: ignore[index]
+        settings = dict(conn.execute(
+            "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s) ORDER BY name",
+            (["fsync", "synchronous_commit", "wal_sync_method", "shared_buffers", "max_connections"],),
+        ).fetchall())  # fmt: skip
+    cpu = ""
+    if Path("/proc/cpuinfo").exists():
+        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name")), "")  # fmt: skip
+    return {
+        "loadavg_at_start": os.getloadavg(),
+        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu": cpu,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "django": __import__("django").get_version(),
+        "psycopg": psycopg.__version__,
+        "postgresql": server,
+        "postgresql_full": full,
+        "postgresql_settings": settings,
+    }
+
+
+def print_machine(info: dict[str, Any], *, debug: bool) -> None:
+    """The header every result starts with: machine, load, server, its settings, software."""
+    print(f"machine     nproc={info['nproc']}  {info['cpu']}  {info['platform']}")
+    load = info["loadavg_at_start"]
+    busy = "  (WARNING: the machine is busy, numbers will be noisy)" if load[0] > 0.5 else ""
+    print(f"load        {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before start{busy}")
+    print(f"postgresql  {info['postgresql_full']}")
+    print("settings    " + "  ".join(f"{k}={v}" for k, v in info["postgresql_settings"].items()))
+    print(f"software    python {info['python']}  django {info['django']}  psycopg {info['psycopg']}  "
+          f"DEBUG={'on' if debug else 'off'}")  # fmt: skip

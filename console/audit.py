@@ -1,0 +1,143 @@
+"""Audit pages: search the transition log, one task's whole history and its integrity, exports.
+
+Read-only for everyone. Reads go through ``audit.selectors`` (keyset pages,
+never an unbounded query); the integrity badge is ``audit.verify.verify_task``,
+the very check ``manage.py verify_audit`` runs. Exports stream page by page
+(``audit.export``) with every field the chain hashes, so they verify offline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+from uuid import UUID
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, StreamingHttpResponse
+from django.http.response import HttpResponseBase
+from django.shortcuts import render
+from django.utils import timezone
+from django.views.decorators.http import require_safe
+
+from audit import export
+from audit import selectors as audit_selectors
+from audit.verify import verify_task
+from console.access import AUDIT_ROLES, get_task_for_auditing, tenant_ids_or_403
+from tasks import registry
+from tasks.states import State, Trigger
+
+PAGE = 50
+HISTORY_PAGE = 100
+TAKEOVERS_SHOWN = 50
+EXPORT_TYPES = {"csv": "text/csv; charset=utf-8", "json": "application/json"}
+
+
+class EventSearchForm(forms.Form):
+    actor = forms.CharField(required=False, max_length=200, help_text="part of the actor id")
+    since = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+    until = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+    trigger = forms.ChoiceField(required=False, choices=[("", "any"), *Trigger.choices])
+    from_state = forms.ChoiceField(required=False, choices=[("", "any"), *State.choices])
+    to_state = forms.ChoiceField(required=False, choices=[("", "any"), *State.choices])
+    task_type = forms.ChoiceField(
+        required=False, choices=lambda: [("", "any")] + [(n, n) for n in registry.names()]
+    )
+    reason = forms.CharField(required=False, max_length=200, help_text="part of the reason or its code")
+
+    def search(self) -> audit_selectors.EventSearch:
+        return audit_selectors.EventSearch(**self.cleaned_data)
+
+
+@require_safe
+@login_required
+def search(request: HttpRequest) -> HttpResponse:
+    tenant_ids = tenant_ids_or_403(request.user, AUDIT_ROLES)
+    form = EventSearchForm(request.GET)
+    page = None
+    if form.is_valid():
+        before = audit_selectors.EventCursor.parse(request.GET.get("before"))
+        page = audit_selectors.search_events(tenant_ids, form.search(), before=before, limit=PAGE)
+    query = request.GET.copy()
+    query.pop("before", None)
+    context = {
+        "form": form,
+        "page": page,
+        "query": query.urlencode(),
+        "tz": timezone.get_current_timezone_name(),
+    }
+    return render(request, "console/audit/search.html", context, status=200 if page else 400)
+
+
+@require_safe
+@login_required
+def task_history(request: HttpRequest, task_id: UUID) -> HttpResponse:
+    task = get_task_for_auditing(request.user, task_id)
+    after = _version(request.GET.get("after"))
+    context = {
+        "task": task,
+        "page": audit_selectors.task_events(task.id, after_version=after, limit=HISTORY_PAGE),
+        "earlier": max(after - HISTORY_PAGE, 0) if after else None,
+        "broken": verify_task(task),  # the same check as manage.py verify_audit
+        "takeovers": audit_selectors.task_takeovers(task.id, limit=TAKEOVERS_SHOWN),
+        "takeovers_shown": TAKEOVERS_SHOWN,
+        "tz": timezone.get_current_timezone_name(),
+    }
+    return render(request, "console/audit/task.html", context)
+
+
+@require_safe
+@login_required
+def search_export(request: HttpRequest, fmt: str) -> HttpResponseBase:
+    tenant_ids = tenant_ids_or_403(request.user, AUDIT_ROLES)
+    form = EventSearchForm(request.GET)
+    if not form.is_valid():
+        return HttpResponseBadRequest(f"Invalid search: {form.errors.as_text()}", content_type="text/plain")
+    criteria = form.search()
+    head = {"tenant_ids": sorted(tenant_ids), "search": criteria.as_dict(), "order": "newest first"}
+    stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
+    return _stream(
+        fmt, f"audit-events-{stamp}", "search", head, audit_selectors.iter_search(tenant_ids, criteria)
+    )
+
+
+@require_safe
+@login_required
+def task_export(request: HttpRequest, task_id: UUID, fmt: str) -> HttpResponseBase:
+    task = get_task_for_auditing(request.user, task_id)
+    # The head and version were read with the task row; the export stops at that version.
+    head = {
+        "task": {
+            "id": str(task.id),
+            "tenant_id": task.tenant_id,
+            "state_version": task.state_version,
+            "audit_head": task.audit_head,
+        },
+        "order": "chain order (state_version ascending)",
+    }
+    events = audit_selectors.iter_task_events(task.id, upto_version=task.state_version)
+    return _stream(fmt, f"audit-task-{task.id}-v{task.state_version}", "task", head, events)
+
+
+def _stream(
+    fmt: str, name: str, kind: str, head: dict[str, Any], events: Iterable[Any]
+) -> StreamingHttpResponse:
+    if fmt not in EXPORT_TYPES:
+        raise Http404("Export as csv or json")
+    exported_at = timezone.now().isoformat(timespec="microseconds")
+    chunks = (
+        export.stream_csv(events)
+        if fmt == "csv"
+        else export.stream_json(export.header(kind=kind, exported_at=exported_at, **head), events)
+    )
+    response = StreamingHttpResponse(chunks, content_type=EXPORT_TYPES[fmt])
+    response["Content-Disposition"] = f'attachment; filename="{name}.{fmt}"'
+    return response
+
+
+def _version(text: str | None) -> int:
+    """A page's starting version from the query string; anything mangled is the first page."""
+    try:
+        return max(int(text or 0), 0)
+    except ValueError:
+        return 0

@@ -1,0 +1,75 @@
+"""Quarantine triage: the held tasks of the user's tenants, by reason, and what release would do.
+
+Read-only: releasing, canceling and escalating stay on the task page, behind
+its guarded controls. Two queries whatever the number of tasks: one GROUP BY
+for the counts per reason, one keyset page of the chosen reason.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.views.decorators.http import require_safe
+
+from console.access import QUARANTINE_ROLES, tenant_ids_or_403
+from tasks import selectors
+
+PAGE = 50
+
+# What pressing "release" does (quarantined -> resume_validation), from
+# runtime.validation and the checkpoint load before it, in the order they run.
+RELEASE_CHECKS = (
+    "the checkpoint is read again (one the running code still cannot read is quarantined again, "
+    "with the same reason)",
+    "the task's deadline (passed: expired)",
+    "the checkpoint's step still exists in the task type (else quarantined)",
+    "the owner still operates the tenant, and an approval's approver still holds the role "
+    "(else quarantined, or a new approval request)",
+    "the model, prompt and tool set are still approved (else replanned on the current ones, "
+    "or quarantined if none)",
+    "the policy version (changed: replanned or resumed, as the task type says)",
+    "each evidence record (changed: refreshed; gone or unstorable: quarantined; "
+    "system not answering: retried later)",
+)
+# Per reason code: what to make sure of before releasing (what release does not fix by itself).
+BEFORE_RELEASE = {
+    "checkpoint_schema_newer": "Written by newer code: release only once this deployment reads that schema.",
+    "checkpoint_unmigratable": "No migration path to the current schema: deploy one first.",
+    "checkpoint_corrupt": "The stored checkpoint does not decode: release re-reads it unchanged.",
+    "checkpoint_digest_mismatch": "The checkpoint is not what its transition wrote: check the audit "
+    "chain (history page) before anything else.",
+    "checkpoint_codec_mismatch": "Stored under a codec this code does not read: deploy it first.",
+    "checkpoint_schema_mismatch": "The body and its recorded schema disagree: repair it first.",
+    "checkpoint_too_large": "The checkpoint exceeds the size limit: release re-reads it unchanged.",
+    "step_error": "A step raised: release once the fix is deployed; it resumes at the same step.",
+    "evidence_unstorable": "The outside record cannot be stored as it is: fix it at the source first.",
+    "evidence_missing": "The evidence record vanished: restore it, or cancel the task.",
+    "resend_limit_reached": "The effect was sent the maximum number of times without landing; "
+    "after release it may be sent again with the same key: check the system first.",
+    "unknown_step": "The task type no longer has this step: deploy it, or cancel the task.",
+    "owner_access_revoked": "The owner no longer operates the tenant: restore the role, or cancel.",
+    "runtime_config_unapproved": "No approved runtime config: approve one first.",
+    "quarantine": "Held by an operator: read their reason before releasing.",
+}
+
+
+@require_safe
+@login_required
+def triage(request: HttpRequest) -> HttpResponse:
+    tenant_ids = tenant_ids_or_403(request.user, QUARANTINE_ROLES)
+    counts = selectors.quarantine_counts(tenant_ids)
+    codes = [row["code"] for row in counts]
+    code = request.GET.get("reason") if request.GET.get("reason") in codes else (codes[0] if codes else None)
+    after = selectors.QuarantineCursor.parse(request.GET.get("after"))
+    context = {
+        "counts": counts,
+        "total": sum(row["n"] for row in counts),
+        "code": code,
+        "page": selectors.quarantined_tasks(tenant_ids, code=code, after=after, limit=PAGE)
+        if code is not None
+        else None,
+        "release_checks": RELEASE_CHECKS,
+        "before_release": BEFORE_RELEASE.get(code or "", ""),
+    }
+    return render(request, "console/quarantine.html", context)

@@ -1,0 +1,148 @@
+"""Quarantine triage: held tasks by reason, with what release would do; scoped and read-only."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from console import quarantine as quarantine_views
+from tasks.models import Task
+from tasks.states import State, Trigger
+from tasks.transitions import Actor, advance
+from tests.conftest import make_task
+
+pytestmark = pytest.mark.django_db
+
+
+def client_for(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def quarantined(tenant, code: str, reason: str = "", **overrides) -> Task:
+    task = make_task(tenant, **overrides)
+    return advance(
+        task.id,
+        1,
+        State.QUARANTINED,
+        actor=Actor.system("tests"),
+        reason=reason or f"held: {code}",
+        reason_code=code,
+    )
+
+
+def test_the_triage_list_needs_a_login(client):
+    response = client.get("/console/quarantine/")
+    assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
+
+
+def test_quarantined_tasks_are_counted_per_reason(operator, acme):
+    for _ in range(3):
+        quarantined(acme, "step_error")
+    quarantined(acme, "checkpoint_corrupt")
+    make_task(acme)  # not quarantined
+    counts = client_for(operator).get("/console/quarantine/").context["counts"]
+    assert [(row["code"], row["n"]) for row in counts] == [("step_error", 3), ("checkpoint_corrupt", 1)]
+
+
+def test_the_list_of_a_reason_shows_the_human_reason_and_links_to_the_task(operator, acme):
+    task = quarantined(acme, "checkpoint_corrupt", reason="checkpoint v3 does not decode")
+    quarantined(acme, "step_error")
+    page = client_for(operator).get("/console/quarantine/", {"reason": "checkpoint_corrupt"}).content.decode()
+    assert "checkpoint v3 does not decode" in page
+    assert f'href="/console/tasks/{task.id}/"' in page
+    assert "held: step_error" not in page  # another reason's task is on its own list
+
+
+def test_the_list_says_what_release_will_do(operator, acme):
+    quarantined(acme, "checkpoint_schema_newer")
+    page = client_for(operator).get("/console/quarantine/").content.decode()
+    assert "Release re-runs resume validation" in page
+    assert "the task&#x27;s deadline" in page and "each evidence record" in page
+    assert "only once this deployment reads that schema" in page
+
+
+def test_an_escalated_task_stays_under_the_reason_it_was_quarantined_for(operator, acme):
+    task = quarantined(acme, "resend_limit_reached", reason="effect not performed after 5 sends")
+    advance(
+        task.id,
+        2,
+        State.QUARANTINED,
+        actor=Actor.system("tests"),
+        trigger=Trigger.ESCALATE,
+        reason="please look",
+        reason_code="escalate",
+        escalation_level=1,
+        escalated_to="admin",
+    )
+    response = client_for(operator).get("/console/quarantine/")
+    assert [row["code"] for row in response.context["counts"]] == ["resend_limit_reached"]
+    page = response.content.decode()
+    assert "effect not performed after 5 sends" in page and "L1 → admin" in page
+
+
+def test_an_operator_hold_is_its_own_reason(operator, acme):
+    quarantined(acme, "quarantine", reason="customer dispute, hold")
+    page = client_for(operator).get("/console/quarantine/").content.decode()
+    assert "customer dispute, hold" in page and "Held by an operator" in page
+
+
+def test_another_tenants_quarantined_tasks_are_not_listed(outsider, acme, globex):
+    theirs = quarantined(acme, "step_error")
+    mine = quarantined(globex, "step_error")
+    response = client_for(outsider).get("/console/quarantine/")
+    page = response.content.decode()
+    assert str(mine.id) in page and str(theirs.id) not in page
+    assert response.context["counts"][0]["n"] == 1
+
+
+def test_an_auditor_reads_the_list_without_controls(auditor, acme):
+    quarantined(acme, "step_error")
+    client = client_for(auditor)
+    response = client.get("/console/quarantine/")
+    assert response.status_code == 200
+    assert 'method="post"' not in response.content.decode().split("<main>")[1]
+    assert client.post("/console/quarantine/").status_code == 405
+
+
+def test_an_approver_has_no_triage_list(approver, acme):
+    quarantined(acme, "step_error")
+    assert client_for(approver).get("/console/quarantine/").status_code == 403
+
+
+def test_an_unknown_reason_shows_the_largest_group(operator, acme):
+    quarantined(acme, "step_error")
+    response = client_for(operator).get("/console/quarantine/", {"reason": "no-such-reason"})
+    assert response.context["code"] == "step_error" and len(response.context["page"].tasks) == 1
+
+
+def test_nothing_quarantined_says_so(operator, acme):
+    make_task(acme)
+    assert (
+        "No task of your tenants is quarantined"
+        in client_for(operator).get("/console/quarantine/").content.decode()
+    )
+
+
+def test_the_list_pages_longest_held_first(operator, acme, monkeypatch):
+    monkeypatch.setattr(quarantine_views, "PAGE", 2)
+    held = [quarantined(acme, "step_error").id for _ in range(5)]
+    client = client_for(operator)
+    seen, params = [], {"reason": "step_error"}
+    while True:
+        page = client.get("/console/quarantine/", params).context["page"]
+        seen += [task.id for task in page.tasks]
+        if page.next_cursor is None:
+            break
+        params = {"reason": "step_error", "after": str(page.next_cursor)}
+    assert seen == held
+
+
+def test_the_triage_list_runs_a_bounded_number_of_queries(operator, acme, django_assert_max_num_queries):
+    for n in range(60):
+        quarantined(acme, "step_error" if n % 2 else f"checkpoint_reason_{n % 6}")
+    client = client_for(operator)
+    with django_assert_max_num_queries(5):
+        response = client.get("/console/quarantine/", {"reason": "step_error"})
+    assert len(response.context["page"].tasks) == 30
