@@ -45,38 +45,20 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
-from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # `python bench/approvals.py` puts bench/ first, not the project
 
-DEFAULT_SERVER_URL = "postgres://postgres@127.0.0.1:5432/postgres"
+from bench.common import DEFAULT_SERVER_URL, recreate_database, setup_django, with_dbname  # noqa: E402
+
 GOAL = 1.2
 
 
-def _with_dbname(url: str, dbname: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))
-
-
-def _recreate_database(server_url: str, dbname: str, *, create: bool) -> None:
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
-        if create:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
-
-
 def _setup_django() -> None:
-    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
-    os.environ["DEBUG"] = "0"
-    os.environ.setdefault("SECRET_KEY", "bench-only-not-secret")
-    os.environ.setdefault("CELERY_BROKER_URL", "memory://")
     os.environ["SECURE_SSL_REDIRECT"] = "0"
-    import django
-
-    django.setup()
+    setup_django(debug=False)
 
 
 def _analyze(url: str) -> None:
@@ -216,8 +198,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     server_url = os.environ.get("DATABASE_URL") or DEFAULT_SERVER_URL
-    url = _with_dbname(server_url, args.database)
-    _recreate_database(server_url, args.database, create=True)
+    url = with_dbname(server_url, args.database)
+    recreate_database(server_url, args.database, create=True)
     try:
         os.environ["DATABASE_URL"] = url
         _setup_django()
@@ -288,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         connections.close_all()
         if not args.keep_database:
-            _recreate_database(server_url, args.database, create=False)
+            recreate_database(server_url, args.database, create=False)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,12 @@ from tests.workflow import ROOT, database_url
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(180)]
 
 
-def run_bench(script: str, *args: str) -> str:
+def run_bench(script: str, *args: str, saves: bool = True) -> str:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "solo")
     env = {**os.environ, "DATABASE_URL": database_url()}
     database = f"smoke_{script.split('.')[0]}_{worker}"
     done = subprocess.run(
-        [sys.executable, f"bench/{script}", "--database", database, "--no-save", *args],
+        [sys.executable, f"bench/{script}", "--database", database, *(["--no-save"] if saves else []), *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -44,3 +44,10 @@ def test_the_transition_benchmark_runs_and_matches_advance():
 def test_the_end_to_end_benchmark_runs_and_verifies_every_task():
     out = run_bench("e2e.py", "--tasks", "20", "--recovery-tasks", "20")
     assert "audit chains intact" in out and "SIGKILL all workers" in out
+
+
+def test_the_approvals_benchmark_runs_at_two_sizes():
+    out = run_bench(
+        "approvals.py", "--small", "5", "--large", "40", "--repeat", "2", "--warmup", "1", saves=False
+    )
+    assert "worst ratio" in out

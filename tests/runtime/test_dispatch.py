@@ -9,15 +9,13 @@ from __future__ import annotations
 import pytest
 
 from audit.models import TransitionEvent
-from demo.sandbox.models import Effect, Fault
+from demo.sandbox.models import Effect
 from ledger.models import Action, DispatchState
-from runtime import runner
 from tasks.models import Task
 from tasks.states import State
-from tests.conftest import make_task
+from tests.runtime.payments import fault, invoice_task, payments, run
 
 pytestmark = pytest.mark.django_db(transaction=True)
-INVOICE = {"invoice_id": "INV-1", "amount": "25.00", "currency": "EUR"}
 
 
 @pytest.fixture(autouse=True)
@@ -26,25 +24,6 @@ def sandbox(live_server, settings):
     settings.CONNECTOR_TIMEOUT = 0.5
     settings.LEDGER_LOOKUP_INTERVAL = 0
     settings.LEDGER_RESEND_BACKOFF = 0.05
-
-
-def invoice_task(tenant, **input_overrides) -> Task:
-    return make_task(
-        tenant, task_type="pay_invoice", objective="Pay INV-1", input={**INVOICE, **input_overrides}
-    )
-
-
-def run(task: Task) -> Task:
-    runner.run_task(task.id, worker_id="test-worker", region="default")
-    return Task.objects.get(pk=task.pk)
-
-
-def fault(kind: str, **params) -> None:
-    Fault.objects.create(system="payments", operation="dispatch", kind=kind, params=params)
-
-
-def payments() -> int:
-    return Effect.objects.filter(system="payments").count()
 
 
 def test_a_payment_is_dispatched_once_and_recorded(acme):

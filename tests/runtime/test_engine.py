@@ -14,7 +14,7 @@ import pytest
 from django.utils import timezone
 
 from audit.models import TransitionEvent
-from demo.sandbox.models import Effect, Fault
+from demo.sandbox.models import Effect
 from ledger.models import Action, DispatchState
 from runtime import controls, engine, runner
 from tasks import services
@@ -23,6 +23,16 @@ from tasks.states import ActorKind, State
 from tasks.transitions import Actor
 from tests.conftest import make_task
 from tests.foreign_checkpoints import written_as
+from tests.runtime.payments import (
+    cancel,
+    fault,
+    invoice_task,
+    landed,
+    late_payment,
+    payments,
+    run,
+    wait_until,
+)
 from tests.workflow import approve, put_order
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,58 +45,6 @@ def sandbox(live_server, settings):
     settings.CONNECTOR_TIMEOUT = 0.3
     settings.LEDGER_LOOKUP_INTERVAL = 0
     put_order("A-1")
-
-
-def run(task: Task) -> Task:
-    runner.run_task(task.id, worker_id="test-worker", region="default")
-    return Task.objects.get(pk=task.pk)
-
-
-def invoice_task(tenant) -> Task:
-    return make_task(
-        tenant,
-        task_type="pay_invoice",
-        objective="Pay INV-1",
-        input={"invoice_id": "INV-1", "amount": "25.00", "currency": "EUR"},
-    )
-
-
-def fault(kind: str, **params) -> None:
-    Fault.objects.create(system="payments", operation="dispatch", kind=kind, params=params)
-
-
-def payments() -> int:
-    return Effect.objects.filter(system="payments").count()
-
-
-def cancel(task: Task, operator) -> Task:
-    return controls.task_control(
-        task,
-        "cancel",
-        user=operator,
-        roles=frozenset({"operator"}),
-        expected_version=task.state_version,
-        reason="customer withdrew",
-    ).task
-
-
-def late_payment(ms: int) -> None:
-    """The next payment commits ``ms`` after it arrives: long after the caller timed out."""
-    fault("latency", ms=ms)
-
-
-def wait_until(predicate, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
-def landed(task: Task) -> bool:
-    """The task's payment has reached the payments system (by its key: a late request of an
-    earlier test may still land in the live server after that test)."""
-    key = Action.objects.get(task=task).idempotency_key
-    return Effect.objects.filter(idempotency_key=key).exists()
 
 
 def waiting_for_input(tenant, **overrides) -> Task:

@@ -23,12 +23,22 @@ from audit.models import TransitionEvent
 from audit.verify import verify_task
 from demo.sandbox.models import Effect, Fault
 from ledger.models import Action, DispatchState
-from runtime import controls, runner
+from runtime import runner
 from runtime.reconcile import recheck_absent, reconcile_unknown, resend_backoff
 from runtime.sweep import sweep
 from tasks.models import Task
 from tasks.states import State
-from tests.conftest import api_client_for, make_task
+from tests.conftest import api_client_for
+from tests.runtime.payments import (
+    cancel,
+    fault,
+    invoice_task,
+    landed,
+    late_payment,
+    payments,
+    run,
+    wait_until,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,28 +52,6 @@ def sandbox(live_server, settings):
     settings.LATE_EFFECT_RECHECK_EVERY = 0
 
 
-def invoice_task(tenant) -> Task:
-    return make_task(
-        tenant,
-        task_type="pay_invoice",
-        objective="Pay INV-7",
-        input={"invoice_id": "INV-7", "amount": "12.34", "currency": "EUR"},
-    )
-
-
-def run(task: Task) -> Task:
-    runner.run_task(task.id, worker_id="test-worker", region="default")
-    return Task.objects.get(pk=task.pk)
-
-
-def fault(kind: str, **params) -> None:
-    Fault.objects.create(system="payments", operation="dispatch", kind=kind, params=params)
-
-
-def payments() -> int:
-    return Effect.objects.filter(system="payments").count()
-
-
 def unknown_payment(tenant) -> tuple[Task, Action]:
     """A payment the system refused to perform (503) but the ledger cannot know that: in doubt."""
     fault("error")
@@ -75,36 +63,6 @@ def unknown_payment(tenant) -> tuple[Task, Action]:
         0,
     )
     return task, action
-
-
-def cancel(task: Task, operator) -> Task:
-    return controls.task_control(
-        task,
-        "cancel",
-        user=operator,
-        roles=frozenset({"operator"}),
-        expected_version=task.state_version,
-        reason="customer withdrew",
-    ).task
-
-
-def late_payment(ms: int) -> None:
-    """The next payment commits ``ms`` after it arrives: long after the caller timed out."""
-    Fault.objects.create(system="payments", operation="dispatch", kind="latency", params={"ms": ms})
-
-
-def wait_until(predicate, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
-def landed(task: Task) -> bool:
-    """The task's payment has reached the payments system (by its key: a late request of an
-    earlier test may still land in the live server after that test)."""
-    key = Action.objects.get(task=task).idempotency_key
-    return Effect.objects.filter(idempotency_key=key).exists()
 
 
 @pytest.mark.parametrize("kind", ["timeout", "ambiguous"])

@@ -8,18 +8,15 @@ sandbox over real HTTP.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from audit.models import TransitionEvent
-from demo.sandbox.models import Effect, Fault
 from ledger import connectors
-from ledger.models import Action
 from runtime import controls, engine, runner
 from tasks.models import Task
 from tasks.states import State
 from tests.conftest import make_task
+from tests.runtime.payments import cancel, invoice_task, landed, late_payment, run, wait_until
 from tests.workflow import put_order
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,48 +32,6 @@ def sandbox(live_server, settings):
 
 def last_event(task: Task) -> TransitionEvent:
     return TransitionEvent.objects.filter(task=task).latest("state_version")
-
-
-def invoice_task(tenant) -> Task:
-    return make_task(
-        tenant,
-        task_type="pay_invoice",
-        objective="Pay INV-7",
-        input={"invoice_id": "INV-7", "amount": "12.34", "currency": "EUR"},
-    )
-
-
-def run(task: Task) -> Task:
-    runner.run_task(task.id, worker_id="test-worker", region="default")
-    return Task.objects.get(pk=task.pk)
-
-
-def cancel(task: Task, operator) -> Task:
-    return controls.task_control(
-        task,
-        "cancel",
-        user=operator,
-        roles=frozenset({"operator"}),
-        expected_version=task.state_version,
-        reason="customer withdrew",
-    ).task
-
-
-def late_payment(ms: int) -> None:
-    """The next payment commits ``ms`` after it arrives: long after the caller timed out."""
-    Fault.objects.create(system="payments", operation="dispatch", kind="latency", params={"ms": ms})
-
-
-def wait_until(predicate, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
-def landed(task: Task) -> bool:
-    key = Action.objects.get(task=task).idempotency_key
-    return Effect.objects.filter(idempotency_key=key).exists()
 
 
 def test_a_stale_decision_is_discarded_not_applied(acme, admin_user, monkeypatch):
