@@ -1,28 +1,36 @@
-"""The README's recipes, each followed once: a throwaway task type and a throwaway connector.
+"""The README's four recipes, each followed once with a throwaway: a task type, a connector,
+a console page and an operator control.
 
-If adding either ever needs more than the README says (one module in
-``workflows/``; one class plus one line in ``LEDGER_CONNECTORS``), these fail.
+If adding one ever needs more than the README says (one module in
+``workflows/``; one class plus one line in ``LEDGER_CONNECTORS``; a view, a URL
+and a template; an edge in the table and a name in ``CONTROLS``), these fail.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
 from dataclasses import replace
 from typing import Any
 
 import pytest
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
+from django.urls import clear_url_caches, path
 from pydantic import BaseModel, ConfigDict
 
+from console.access import tenant_ids_or_403
 from ledger import connectors
 from ledger.connectors.base import Outcome
 from ledger.models import Action, DispatchState
-from runtime import runner
+from runtime import controls, runner
 from tasks import registry
 from tasks.models import Task
 from tasks.registry import Complete, Dispatch, ModelTurn, TaskType
-from tasks.states import State
-from tests.conftest import api_client_for
+from tasks.states import State, Trigger
+from tenancy.models import Role
+from tests.conftest import api_client_for, make_task
 
 pytestmark = pytest.mark.django_db
 
@@ -113,3 +121,84 @@ def test_a_new_task_type_and_connector_run_end_to_end_from_the_api(greeting_type
         {"kind": "greeting", "text": "hello Ada"},
     )
     assert importlib.import_module(__name__).EchoConnector.performed.keys() == {action.idempotency_key}
+
+
+# --- a console page: a view, its URL, a template ------------------------------------------------
+
+
+@login_required
+def recipe_page(request):
+    """Parse, check access, read, render: the shape of every console view."""
+    tenant_ids = tenant_ids_or_403(request.user, (Role.OPERATOR, Role.ADMIN))
+    return render(request, "console/recipe.html", {"tasks": Task.objects.filter(tenant_id__in=tenant_ids)})
+
+
+@pytest.fixture
+def recipe_page_added(monkeypatch, settings, tmp_path):
+    import console.urls
+
+    (tmp_path / "console").mkdir()
+    (tmp_path / "console" / "recipe.html").write_text(
+        '{% extends "base.html" %}{% block content %}<h1>Recipe</h1>{{ tasks|length }} tasks{% endblock %}'
+    )
+    settings.TEMPLATES = [{**settings.TEMPLATES[0], "DIRS": [tmp_path, *settings.TEMPLATES[0]["DIRS"]]}]
+    monkeypatch.setattr(
+        console.urls, "urlpatterns", [*console.urls.urlpatterns, path("recipe/", recipe_page, name="recipe")]
+    )
+    clear_url_caches()
+    yield
+    monkeypatch.undo()
+    clear_url_caches()
+
+
+def test_a_new_console_page_is_a_view_a_url_and_a_template(
+    recipe_page_added, client, operator, auditor, acme
+):
+    make_task(acme)
+    client.force_login(operator)
+    page = client.get("/console/recipe/")
+    assert page.status_code == 200
+    assert b"<h1>Recipe</h1>1 tasks" in page.content and b"<nav" in page.content  # inside the layout
+    client.force_login(auditor)
+    assert client.get("/console/recipe/").status_code == 403
+
+
+# --- an operator control: an edge in the table, a name in CONTROLS --------------------------------
+
+
+def _reload_urls() -> None:
+    """The API's control routes are built from CONTROLS when its URL module loads."""
+    for name in ("api.urls", "config.urls"):
+        importlib.reload(sys.modules[name])
+    clear_url_caches()
+
+
+@pytest.fixture
+def hold_control(monkeypatch):
+    # The table's edge already exists (quarantine's, which operators may take): only the name is new.
+    monkeypatch.setitem(controls.CONTROLS, "hold", Trigger.QUARANTINE)
+    _reload_urls()
+    yield
+    monkeypatch.undo()
+    _reload_urls()
+
+
+def test_a_new_control_is_an_edge_and_a_name_and_the_api_and_console_follow(
+    hold_control, client, operator, acme
+):
+    task = make_task(acme)
+    client.force_login(operator)
+    assert b"/hold/" in client.get(f"/console/tasks/{task.id}/").content  # the console offers it
+
+    response = api_client_for(operator).post(
+        f"/api/tasks/{task.id}/hold/", {"expected_version": 1, "reason": "wait for finance"}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    task.refresh_from_db()
+    assert (task.state, task.state_reason, task.state_version) == (State.QUARANTINED, "hold", 2)
+
+    stale = api_client_for(operator).post(
+        f"/api/tasks/{task.id}/hold/", {"expected_version": 1, "reason": "again"}, format="json"
+    )
+    assert stale.status_code == 409  # a stale version gets the table's clear conflict, like any control
+    assert stale.json()["state"] == State.QUARANTINED
