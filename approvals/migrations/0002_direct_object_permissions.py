@@ -7,40 +7,56 @@ from django.db import migrations, models
 # Move the decide grants guardian kept as generic rows (object id as text) onto
 # the direct tables, and back on reverse. Rows whose request is gone are dropped:
 # a generic row has no foreign key, so nothing deleted them with their request.
-FORWARD = """
-INSERT INTO approvals_approvalrequest{kind}permission ({who}_id, permission_id, content_object_id)
-SELECT g.{who}_id, g.permission_id, r.id
-FROM guardian_{kind}objectpermission g
-JOIN approvals_approvalrequest r ON r.id::text = g.object_pk
-WHERE g.content_type_id = %s
-ON CONFLICT DO NOTHING;
-DELETE FROM guardian_{kind}objectpermission WHERE content_type_id = %s;
-"""
-BACKWARD = """
-INSERT INTO guardian_{kind}objectpermission ({who}_id, permission_id, content_type_id, object_pk)
-SELECT d.{who}_id, d.permission_id, %s, d.content_object_id::text
-FROM approvals_approvalrequest{kind}permission d
-ON CONFLICT DO NOTHING;
-"""
+# Written with the historical models, not SQL, so the embedded SQLite demo
+# (which stores UUIDs as 32 hex digits) migrates as PostgreSQL does.
+KINDS = (("User", "user"), ("Group", "group"))
 
 
-def _move(apps, schema_editor, template):
+def _content_type(apps):
     content_types = apps.get_model("contenttypes", "ContentType")
-    found = content_types.objects.filter(app_label="approvals", model="approvalrequest").first()
-    if found is None:  # a fresh database: no request, no grant yet
-        return
-    with schema_editor.connection.cursor() as cursor:
-        for kind, who in (("user", "user"), ("group", "group")):
-            statement = template.format(kind=kind, who=who)
-            cursor.execute(statement, [found.id] * statement.count("%s"))
+    return content_types.objects.filter(app_label="approvals", model="approvalrequest").first()
 
 
 def forward(apps, schema_editor):
-    _move(apps, schema_editor, FORWARD)
+    found = _content_type(apps)
+    if found is None:  # a fresh database: no request, no grant yet
+        return
+    requests = apps.get_model("approvals", "ApprovalRequest")
+    for kind, who in KINDS:
+        generic = apps.get_model("guardian", f"{kind}ObjectPermission")
+        direct = apps.get_model("approvals", f"ApprovalRequest{kind}Permission")
+        rows = generic.objects.filter(content_type_id=found.id)
+        known = {str(pk) for pk in requests.objects.filter(pk__in=[r.object_pk for r in rows]).values_list("pk", flat=True)}
+        direct.objects.bulk_create(
+            [
+                direct(**{f"{who}_id": getattr(row, f"{who}_id")}, permission_id=row.permission_id, content_object_id=row.object_pk)
+                for row in rows
+                if row.object_pk in known
+            ],
+            ignore_conflicts=True,
+        )
+        rows.delete()
 
 
 def backward(apps, schema_editor):
-    _move(apps, schema_editor, BACKWARD)
+    found = _content_type(apps)
+    if found is None:
+        return
+    for kind, who in KINDS:
+        generic = apps.get_model("guardian", f"{kind}ObjectPermission")
+        direct = apps.get_model("approvals", f"ApprovalRequest{kind}Permission")
+        generic.objects.bulk_create(
+            [
+                generic(
+                    **{f"{who}_id": getattr(row, f"{who}_id")},
+                    permission_id=row.permission_id,
+                    content_type_id=found.id,
+                    object_pk=str(row.content_object_id),
+                )
+                for row in direct.objects.all()
+            ],
+            ignore_conflicts=True,
+        )
 
 
 class Migration(migrations.Migration):
