@@ -16,7 +16,7 @@ PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check --require-
 PIP_TOOLS ?= pip-tools==7.6.2
 LOCK_VENV ?= var/pip-tools
 
-.PHONY: install install-dev demo test chaos bench bench-e2e bench-approvals lint locks
+.PHONY: install install-dev demo test chaos bench bench-e2e bench-approvals bench-console lint locks
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -72,3 +72,6 @@ bench-e2e: install
 
 bench-approvals: install
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/approvals.py
+
+bench-console: install
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/console.py

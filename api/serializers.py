@@ -73,11 +73,14 @@ class TaskDetail(TaskSummary):
     pending_approvals = serializers.SerializerMethodField()
     ledger = serializers.SerializerMethodField()
     allowed_transitions = serializers.SerializerMethodField()
+    reruns = serializers.SerializerMethodField()
 
     class Meta(TaskSummary.Meta):
         fields = TaskSummary.Meta.fields + [
             "owner",
             "parent",
+            "rerun_of",
+            "reruns",
             "input",
             "outcome",
             "idempotency_key",
@@ -143,6 +146,11 @@ class TaskDetail(TaskSummary):
 
     def get_ledger(self, task: Task) -> dict[str, int]:
         return selectors.ledger_summary(task)
+
+    def get_reruns(self, task: Task) -> list[str]:
+        """Ids of the tasks started to run this one again, oldest first (``rerun_of``'s FK index)."""
+        reruns = Task.objects.filter(rerun_of=task).order_by("id").values_list("pk", flat=True)
+        return [str(pk) for pk in reruns]
 
     def get_allowed_transitions(self, task: Task) -> list[dict[str, str]]:
         return selectors.allowed_moves(self.context["request"].user, task)

@@ -10,6 +10,7 @@ from api.views.tasks import (
     TaskEventsApi,
     TaskExternalEventApi,
     TaskInputApi,
+    TaskRerunApi,
 )
 from runtime.controls import CONTROLS
 
@@ -21,6 +22,7 @@ urlpatterns = (
         path("tasks/<uuid:task_id>/checkpoints/", TaskCheckpointsApi.as_view(), name="api-task-checkpoints"),
         path("tasks/<uuid:task_id>/actions/", TaskActionsApi.as_view(), name="api-task-actions"),
         path("tasks/<uuid:task_id>/input/", TaskInputApi.as_view(), name="api-task-input"),
+        path("tasks/<uuid:task_id>/rerun/", TaskRerunApi.as_view(), name="api-task-rerun"),
         path(
             "tasks/<uuid:task_id>/external-events/", TaskExternalEventApi.as_view(), name="api-task-events-in"
         ),

@@ -11,8 +11,28 @@ from runtime import controls
 from tasks import registry
 from tenancy.models import Tenant
 
+# Controls that stop or hold a task: the server refuses them without ``confirm`` ticked.
+DESTRUCTIVE = frozenset({"cancel", "quarantine"})
+
+
+def _problem(form: forms.Form) -> str:
+    """One sentence for the message shown after a refused post (the typed text is kept)."""
+    if "reason" in form.errors:
+        return "A reason is required (up to 2000 characters): nothing was applied."
+    if "confirm" in form.errors:
+        return "Tick the confirmation box: nothing was applied."
+    return "Not applied: " + "; ".join(
+        f"{name}: {' '.join(map(str, errors))}" for name, errors in form.errors.items()
+    )
+
 
 class ControlForm(forms.Form):
+    """One operator control (``runtime.controls.CONTROLS``); the page builds one per control.
+
+    Built with ``control=`` it enforces that control's confirmation; render it
+    with ``auto_id="%s-<control>"`` so every field id on the page is unique.
+    """
+
     expected_version = forms.IntegerField(min_value=1, max_value=2**31 - 1, widget=forms.HiddenInput)
     reason = forms.CharField(
         max_length=2000, widget=forms.TextInput(attrs={"placeholder": "Reason (required)"})
@@ -23,6 +43,60 @@ class ControlForm(forms.Form):
     escalate_to = forms.ChoiceField(
         choices=[(r, r) for r in controls.ESCALATION_ROLES], initial="admin", required=False
     )
+    confirm = forms.BooleanField(required=False)
+
+    def __init__(self, *args: Any, control: str = "", **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.control = control
+        self.fields["reason"].label = f"Reason to {control}" if control else "Reason"
+        self.fields["confirm"].label = f"Yes, {control} this task"
+        if control in DESTRUCTIVE:
+            self.fields["confirm"].widget.attrs["required"] = True
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.control in DESTRUCTIVE and not data.get("confirm"):
+            self.add_error("confirm", f"{self.control.title()} needs confirmation.")
+        return data
+
+    def problem(self) -> str:
+        return _problem(self)
+
+
+class AnswerForm(forms.Form):
+    """An operator's answer to the question a ``waiting_input`` task asks."""
+
+    expected_version = forms.IntegerField(min_value=1, max_value=2**31 - 1, widget=forms.HiddenInput)
+    answer = forms.CharField(max_length=2000, widget=forms.Textarea(attrs={"rows": 2}))
+
+    def __init__(self, *args: Any, question: str = "", **kwargs: Any) -> None:
+        kwargs.setdefault("auto_id", "%s-input")
+        super().__init__(*args, **kwargs)
+        self.fields["answer"].label = question or "Answer"
+
+    def problem(self) -> str:
+        if "answer" in self.errors:
+            return "An answer is required (up to 2000 characters): nothing was sent."
+        return _problem(self)
+
+
+class RerunForm(forms.Form):
+    """Start a new task that runs a failed, expired or canceled one again."""
+
+    reason = forms.CharField(
+        max_length=2000,
+        label="Reason to rerun",
+        widget=forms.TextInput(attrs={"placeholder": "Reason (required)"}),
+    )
+    # Set when the page is drawn: the same form sent twice starts one rerun, not two.
+    idempotency_key = forms.CharField(max_length=200, required=False, widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("auto_id", "%s-rerun")
+        super().__init__(*args, **kwargs)
+
+    def problem(self) -> str:
+        return _problem(self)
 
 
 class DecisionForm(forms.Form):

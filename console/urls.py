@@ -1,13 +1,17 @@
 from django.urls import path
 
-from console import audit, quarantine, views
+from console import audit, bulk, preferences, quarantine, task_page, views
+from console import queue as queue_export
 
 app_name = "console"
 
 urlpatterns = [
     path("", views.queue, name="queue"),
-    path("tasks/<uuid:task_id>/", views.task_detail, name="task"),
-    path("tasks/<uuid:task_id>/<slug:control>/", views.task_control, name="task-control"),
+    path("tasks/<uuid:task_id>/", task_page.task_detail, name="task"),
+    # Before the controls' catch-all: "answer" and "rerun" are not controls of the transition table.
+    path("tasks/<uuid:task_id>/answer/", task_page.task_answer, name="task-answer"),
+    path("tasks/<uuid:task_id>/rerun/", task_page.task_rerun, name="task-rerun"),
+    path("tasks/<uuid:task_id>/<slug:control>/", task_page.task_control, name="task-control"),
     path("start/", views.landing, name="landing"),
     path("approvals/", views.approval_inbox, name="approvals"),
     path("approvals/<uuid:request_id>/", views.approval_detail, name="approval"),
@@ -17,4 +21,8 @@ urlpatterns = [
     path("audit/tasks/<uuid:task_id>/", audit.task_history, name="audit-task"),
     path("audit/tasks/<uuid:task_id>/export.<str:fmt>", audit.task_export, name="audit-task-export"),
     path("quarantine/", quarantine.triage, name="quarantine"),
+    path("theme/", preferences.theme, name="theme"),
+    path("export.csv", queue_export.export_csv, name="queue-export"),
+    path("bulk/new/", bulk.preview, name="bulk-preview"),
+    path("bulk/<uuid:operation_id>/", bulk.report, name="bulk-report"),
 ]

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from typing import Any
-from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
-from django.http import Http404
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
@@ -16,113 +13,39 @@ from django.views.decorators.http import require_POST
 from approvals import selectors as approval_selectors
 from approvals import services as approval_services
 from approvals.models import ApprovalRequest, Decision
-from audit.models import LeaseTakeover, TransitionEvent
-from console.access import can_operate, get_task_for_user
-from console.forms import ControlForm, DecisionForm, InboxForm
-from ledger.models import Action
-from runtime import controls
-from tasks import selectors
+from console import queue as queue_parts
+from console.forms import DecisionForm, InboxForm
+from runtime.controls import CONTROLS
 from tasks.checkpoints import CheckpointUnreadable
-from tasks.exceptions import StaleVersion, TransitionNotAllowed
-from tasks.leases import live_lease_exists
-from tasks.models import Checkpoint, Lease
 from tasks.states import State
 from tenancy.models import Role
 from tenancy.selectors import tenant_ids_for, tenants_for
 
 PAGE = 50
-TAKEOVERS_SHOWN = 5  # newest lease takeovers on a task page
 
 
 @login_required
 def queue(request):
-    filters = selectors.TaskFilter(request.GET or None, queryset=selectors.visible_tasks(request.user))
-    tasks = filters.qs if filters.is_bound and filters.is_valid() else selectors.visible_tasks(request.user)
-    try:
-        before = UUID(request.GET.get("before", ""))
-    except ValueError:  # absent or mangled cursor: first page
-        before = None
-    if before:
-        tasks = tasks.filter(id__lt=before)
-    rows = list(
-        tasks.select_related("tenant")
-        .annotate(leased=live_lease_exists(timezone.now()))
-        .order_by("-id")[: PAGE + 1]
-    )
-    query = request.GET.copy()
-    query.pop("before", None)
+    filters, tasks = queue_parts.filtered(request, request.GET)
+    page = queue_parts.page(tasks, request.GET, size=PAGE)
+    params = request.GET.copy()
+    for key in ("before", "after"):
+        params.pop(key, None)
+    without_state = params.copy()
+    without_state.pop("state", None)
     context = {
         "filters": filters,
-        "tasks": rows[:PAGE],
-        "next_before": rows[PAGE - 1].id if len(rows) > PAGE else None,
-        "query": query.urlencode(),
+        "page": page,
+        "tasks": page.tasks,
+        "sorts": queue_parts.SORTS,
+        "query": params.urlencode(),
+        "query_without_state": without_state.urlencode(),
+        "counts": queue_parts.summary(request),
         "states": State,
+        "can_bulk": bool(tenant_ids_for(request.user, [Role.OPERATOR, Role.ADMIN])),
+        "controls": list(CONTROLS),
     }
     return render(request, "console/queue.html", context)
-
-
-@login_required
-def task_detail(request, task_id):
-    task = get_task_for_user(request.user, task_id)
-    offered = []
-    if can_operate(request.user, task):
-        triggers = {move["trigger"] for move in selectors.allowed_moves(request.user, task)}
-        offered = [name for name, trigger in controls.CONTROLS.items() if trigger in triggers]
-    context = {
-        "task": task,
-        "events": TransitionEvent.objects.filter(task=task).order_by("-state_version")[:200],
-        "checkpoints": Checkpoint.objects.filter(task=task).order_by("-state_version")[:20],
-        "controls": offered,
-        "form": ControlForm(initial={"expected_version": task.state_version}),
-        "ledger": selectors.ledger_summary(task),
-        "actions": Action.objects.filter(task=task).order_by("id")[:50],
-        "approvals": ApprovalRequest.objects.filter(task=task).order_by("-created_at")[:20],
-        "lease": Lease.objects.filter(task=task, expires_at__gt=timezone.now()).first(),
-        "takeovers": LeaseTakeover.objects.filter(task=task).order_by("-taken_at")[:TAKEOVERS_SHOWN],
-    }
-    return render(request, "console/task_detail.html", context)
-
-
-@login_required
-@require_POST
-def task_control(request, task_id, control):
-    if control not in controls.CONTROLS:
-        raise Http404("No such control")
-    task = get_task_for_user(request.user, task_id)
-    if not can_operate(request.user, task):
-        raise PermissionDenied
-    form = ControlForm(request.POST)
-    if not form.is_valid():
-        messages.error(
-            request,
-            "A reason is required: "
-            + "; ".join(f"{field}: {' '.join(map(str, errors))}" for field, errors in form.errors.items()),
-        )
-        return redirect("console:task", task_id=task.id)
-    data = {key: value for key, value in form.cleaned_data.items() if value not in ("", None)}
-    try:
-        result = controls.task_control(
-            task, control, user=request.user, roles=selectors.roles_in(request.user, task), **data
-        )
-    except StaleVersion as exc:
-        messages.error(
-            request,
-            f"This task changed since you opened it (it is now {exc.state}, "
-            f"version {exc.state_version}). Review it and try again.",
-        )
-    except TransitionNotAllowed as exc:
-        messages.error(request, f"Not possible: {exc}")
-    except CheckpointUnreadable as exc:
-        messages.error(request, f"The task's checkpoint cannot be read ({exc.reason}); it needs quarantine.")
-    else:
-        note = f" ({result.note})" if result.note else ""
-        if result.applied:
-            messages.success(
-                request, f"{control.title()} applied; the task is now {result.task.state}.{note}"
-            )
-        else:
-            messages.info(request, f"Nothing changed: the task is {result.task.state}.{note}")
-    return redirect("console:task", task_id=task.id)
 
 
 @login_required

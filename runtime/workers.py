@@ -22,7 +22,7 @@ from celery.worker.request import Request
 from django.conf import settings
 from django.db import DatabaseError
 
-from runtime import reconcile, reconnect, runner, sweep
+from runtime import bulk, reconcile, reconnect, runner, sweep
 from tasks import doorbell, leases
 
 log = logging.getLogger(__name__)
@@ -88,3 +88,9 @@ def sweep_task() -> dict[str, int]:
 @shared_task(name="ledger.reconcile_unknown")
 def reconcile_unknown() -> int:
     return reconcile.reconcile_unknown()
+
+
+@shared_task(name="runtime.bulk_run")
+def bulk_run(operation_id: str) -> str:
+    """Run a large bulk operation to its end (``run_worker`` would also pick it up). Returns its status."""
+    return str(bulk.bulk_run(operation_id, runner=worker_id()).status)

@@ -25,6 +25,11 @@ class Task(models.Model):
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
     )
+    # The failed, expired or canceled task this one reruns (tasks.services.task_rerun). That
+    # task is never rewritten; its reruns are found through this column's FK index.
+    rerun_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="reruns"
+    )
 
     state = models.CharField(max_length=24, choices=State.choices, default=State.READY)
     state_version = models.PositiveIntegerField(default=1)
@@ -80,6 +85,10 @@ class Task(models.Model):
             models.Index(fields=["tenant", "-id"], name="task_tenant_id"),
             models.Index(fields=["tenant", "state", "-id"], name="task_tenant_state_id"),
             models.Index(fields=["tenant", "task_type", "-id"], name="task_tenant_type_id"),
+            # The console queue sorted by age in state (keyset on state_entered_at, id) and its
+            # "in state over" filter. The search's trigram index lives in migration 0005 only
+            # (PostgreSQL; an expression the SQLite demo cannot build).
+            models.Index(fields=["tenant", "state_entered_at", "id"], name="task_tenant_entered"),
             # Workers' claim query: runnable tasks of a region, longest waiting first.
             models.Index(
                 fields=["region", "state_entered_at"],

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypedDict
 from uuid import UUID
 
 import django_filters
+from django import forms
 from django.conf import settings
-from django.db.models import Count, Exists, F, Min, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, F, Min, OuterRef, Q, QuerySet, Subquery, TextField
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.http import Http404
 from django.utils import timezone
@@ -19,28 +22,162 @@ from audit.models import TransitionEvent
 from ledger.models import Action
 from tasks import registry
 from tasks.models import Lease, Task
-from tasks.states import RUNNABLE, WAITING, ActorKind, State, edges_from, kinds_for_roles
-from tenancy.selectors import roles_by_tenant, tenant_ids_for
+from tasks.states import (
+    NON_TERMINAL,
+    RUNNABLE,
+    TERMINAL,
+    WAITING,
+    ActorKind,
+    State,
+    edges_from,
+    kinds_for_roles,
+)
+from tenancy.selectors import roles_by_tenant, tenant_ids_for, tenants_for
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
 
 
-class TaskFilter(django_filters.FilterSet):
-    """The queue's filters; one FilterSet serves the API and the console."""
+# The queue's search document: id (hex, no dashes), objective, idempotency key and the input
+# as JSON text. Written as portable SQL (PostgreSQL and SQLite). On PostgreSQL the
+# ``task_search_trgm`` trigram GIN index (tasks migration 0005) is built on ``UPPER(<this>)``
+# — the exact expression Django's ``icontains`` compares — so a search is a bitmap index
+# scan at any table size; keep the two texts identical (``test_queue`` checks the plan).
+# On SQLite (the demo) the same filter is a full scan of the user's tenants.
+SEARCH_SQL = (
+    "REPLACE(CAST(\"tasks_task\".\"id\" AS text), '-', '')"
+    ' || \' \' || "tasks_task"."objective"'
+    " || ' ' || COALESCE(\"tasks_task\".\"idempotency_key\", '')"
+    ' || \' \' || CAST("tasks_task"."input" AS text)'
+)
+SEARCH_MIN = 3  # a trigram index cannot narrow a shorter term
+_HEX_ID = re.compile(r"^[0-9a-f]{4,32}$")
+AGES = {
+    "5m": timedelta(minutes=5),
+    "1h": timedelta(hours=1),
+    "1d": timedelta(days=1),
+    "7d": timedelta(days=7),
+}
+YES_NO = [("true", "yes"), ("false", "no")]
 
+
+def search_condition(term: str) -> Q:
+    """Tasks whose id starts with ``term`` or whose search document contains it (any case).
+
+    An id prefix is a range on the primary key (its index); everything else goes through
+    the search document. Both halves are index scans on PostgreSQL, OR-ed as a BitmapOr.
+    """
+    term = term.strip()
+    condition = Q(search_doc__icontains=term)
+    hex_id = term.lower().replace("-", "")
+    if _HEX_ID.match(hex_id):
+        lowest, highest = UUID(hex_id.ljust(32, "0")), UUID(hex_id.ljust(32, "f"))
+        condition |= Q(id__gte=lowest, id__lte=highest)
+        if hex_id != term.lower():  # pasted with dashes: the document holds the id without them
+            condition |= Q(search_doc__icontains=hex_id)
+    return condition
+
+
+class TaskFilter(django_filters.FilterSet):
+    """The queue's filters; one FilterSet serves the API and the console.
+
+    Pass ``request``: the tenant choices are the requesting user's tenants.
+    """
+
+    q = django_filters.CharFilter(
+        method="filter_search", min_length=SEARCH_MIN, max_length=200, label="Search"
+    )
     state = django_filters.MultipleChoiceFilter(choices=State.choices)
-    task_type = django_filters.ChoiceFilter(choices=lambda: [(n, n) for n in registry.names()])
-    tenant = django_filters.CharFilter(field_name="tenant__slug")
-    stuck = django_filters.ChoiceFilter(choices=[("true", "yes"), ("false", "no")], method="filter_stuck")
+    task_type = django_filters.ChoiceFilter(
+        choices=lambda: [(n, n) for n in registry.names()], label="Task type"
+    )
+    # Free text (another tenant's slug finds nothing, like the API always answered), shown as a select.
+    tenant = django_filters.CharFilter(field_name="tenant__slug", max_length=50)
+    region = django_filters.CharFilter(max_length=32)
+    escalated = django_filters.ChoiceFilter(choices=YES_NO, method="filter_escalated")
+    stuck = django_filters.ChoiceFilter(choices=YES_NO, method="filter_stuck")
+    reason = django_filters.CharFilter(max_length=64, method="filter_reason", label="Outcome reason")
+    age = django_filters.ChoiceFilter(
+        choices=[(key, f"over {key}") for key in AGES], method="filter_age", label="In state"
+    )
 
     class Meta:
         model = Task
-        fields = ["state", "task_type", "tenant", "stuck"]
+        fields = ["q", "state", "task_type", "tenant", "region", "escalated", "stuck", "reason", "age"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        user = getattr(self.request, "user", None)
+        if user is not None:
+            slugs = tenants_for(user).values_list("slug", flat=True)
+            choices = [("", "any"), *((slug, slug) for slug in slugs)]
+            self.filters["tenant"].extra["widget"] = forms.Select(choices=choices)
+
+    def filter_search(self, queryset: QuerySet[Task], name: str, value: str) -> QuerySet[Task]:
+        if not value:
+            return queryset
+        return queryset.annotate(search_doc=RawSQL(SEARCH_SQL, (), output_field=TextField())).filter(
+            search_condition(value)
+        )
+
+    def filter_escalated(self, queryset: QuerySet[Task], name: str, value: str) -> QuerySet[Task]:
+        return (
+            queryset.filter(escalation_level__gt=0)
+            if value == "true"
+            else queryset.filter(escalation_level=0)
+        )
 
     def filter_stuck(self, queryset: QuerySet[Task], name: str, value: str) -> QuerySet[Task]:
         condition = stuck_condition(timezone.now())
         return queryset.filter(condition) if value == "true" else queryset.exclude(condition)
+
+    def filter_reason(self, queryset: QuerySet[Task], name: str, value: str) -> QuerySet[Task]:
+        """The machine reason of the state (``cancel`` finds ``cancel:task`` too) or of the outcome."""
+        value = value.strip()
+        return queryset.filter(
+            Q(state_reason=value) | Q(state_reason__startswith=f"{value}:") | Q(outcome__reason=value)
+        )
+
+    def filter_age(self, queryset: QuerySet[Task], name: str, value: str) -> QuerySet[Task]:
+        return queryset.filter(state_entered_at__lt=timezone.now() - AGES[value])
+
+
+def state_counts(tenant_ids: list[int], *, cap: int) -> tuple[dict[str, int], int]:
+    """Counts for the queue's summary bar: two queries, neither growing with history.
+
+    Live (non-terminal) states exactly: one GROUP BY restricted to those states, read
+    from the ``task_tenant_state_id`` index (tenant, state, -id) — it touches live work
+    only, which stays small while finished tasks pile up. Finished tasks (terminal
+    states) as one count capped at ``cap`` (``LIMIT cap + 1`` in a subquery), so a
+    million completed tasks cost ``cap`` index entries, not a million. Returns
+    ``({state: n}, finished)``; ``finished > cap`` means "more than cap".
+    """
+    rows = (
+        Task.objects.filter(tenant_id__in=tenant_ids, state__in=sorted(NON_TERMINAL))
+        .values("state")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    live = {row["state"]: row["n"] for row in rows}
+    finished = (
+        Task.objects.filter(tenant_id__in=tenant_ids, state__in=sorted(TERMINAL))
+        .values("id")[: cap + 1]
+        .count()
+    )
+    return live, finished
+
+
+def keyset_chunks(tasks: QuerySet[Task], *, size: int) -> Iterator[list[Task]]:
+    """``tasks`` newest first in chunks of ``size``: one query per chunk, each an index range on -id."""
+    before: UUID | None = None
+    while True:
+        page = tasks.filter(id__lt=before) if before is not None else tasks
+        chunk = list(page.order_by("-id")[:size])
+        if chunk:
+            yield chunk
+        if len(chunk) < size:
+            return
+        before = chunk[-1].id
 
 
 def stuck_condition(now: datetime) -> Q:

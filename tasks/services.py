@@ -65,9 +65,12 @@ def task_create(
     idempotency_key: str | None = None,
     parent: Task | None = None,
     region: str | None = None,
+    rerun_of: Task | None = None,
+    reason: str = "",
 ) -> tuple[Task, bool]:
     """Start a task, or return the one started before with the same key.
 
+    ``reason`` is the creation event's (default: the objective's head).
     Returns ``(task, created)``. Raises ``InvalidTaskInput`` (field errors)
     when the input does not fit the task type, and ``IdempotencyConflict``
     when the key was used before with a different request.
@@ -105,6 +108,7 @@ def task_create(
         idempotency_key=idempotency_key or None,
         request_digest=digest,
         parent=parent,
+        rerun_of=rerun_of,
         region=region or settings.WORKER_REGION,
         policy_version=policy or settings.DEFAULT_POLICY_VERSION,
         model_id=config.model_id if config else kind.model_id,
@@ -115,7 +119,7 @@ def task_create(
         step=kind.first_step, input_refs=[f"task:{task.id}/input"], facts=kind.initial_facts(accepted)
     )
     try:
-        task = task_start(task, actor=actor, progress=progress, reason=objective[:200])
+        task = task_start(task, actor=actor, progress=progress, reason=(reason or objective)[:200])
         doorbell.ring(task.id, task.region)
         return task, True
     except IntegrityError:
@@ -124,6 +128,54 @@ def task_create(
         if found is None:
             raise
         return found, False
+
+
+# Ended tasks an operator may run again as a new task; a completed one is done, not rerun.
+RERUNNABLE = frozenset({State.FAILED, State.EXPIRED, State.CANCELED})
+
+
+def task_rerun(
+    task: Task,
+    *,
+    actor: Actor,
+    reason: str,
+    idempotency_key: str | None = None,
+    deadline: datetime | None = None,
+) -> tuple[Task, bool]:
+    """Start a new task that runs ``task`` again; ``task`` itself is never written.
+
+    The new task has the same type, objective, input, owner, tenant, parent and
+    region, and ``rerun_of=task``. It is a new idempotency scope: a new id, so
+    its ledger keys (task id + step + effect) differ from the old task's, and
+    no task-level ``idempotency_key`` unless the caller gives one (the same key
+    again returns the same rerun, ``created=False``). The old deadline is not
+    carried over (an expired task's has passed): ``deadline`` sets a new one.
+    Its creation event says which task it reruns and why.
+
+    Refuses with ``TransitionNotAllowed`` unless ``task`` is failed, expired
+    or canceled; ``InvalidTaskInput`` when the old input no longer fits the
+    task type; ``IdempotencyConflict`` for a key used by another request.
+    """
+    if task.state not in RERUNNABLE:
+        raise TransitionNotAllowed(
+            f"only a failed, expired or canceled task can be rerun; this one is {task.state}",
+            state=task.state,
+            state_version=task.state_version,
+        )
+    return task_create(
+        tenant=task.tenant,
+        task_type=task.task_type,
+        objective=task.objective,
+        input=task.input,
+        actor=actor,
+        owner=task.owner,
+        deadline=deadline,
+        idempotency_key=idempotency_key,
+        parent=task.parent,
+        region=task.region,
+        rerun_of=task,
+        reason=f"rerun of {task.id} ({task.state}): {reason}",
+    )
 
 
 def latest_checkpoint(task: Task) -> checkpoints.Checkpoint:

@@ -79,15 +79,24 @@ class TaskCollectionApi(APIView):
         parameters=[
             OpenApiParameter("state", str, enum=State.values, many=True),
             OpenApiParameter("task_type", str, enum=registry.names()),
-            OpenApiParameter("tenant", str),
+            OpenApiParameter("tenant", str, description="Tenant slug (one of yours)"),
             OpenApiParameter("stuck", str, enum=["true", "false"], description="No next event coming"),
+            OpenApiParameter(
+                "q", str, description="Id or id prefix, objective text, idempotency key, input reference"
+            ),
+            OpenApiParameter("region", str),
+            OpenApiParameter("escalated", str, enum=["true", "false"]),
+            OpenApiParameter("reason", str, description="Reason code of the state or the outcome"),
+            OpenApiParameter("age", str, enum=list(selectors.AGES), description="In the state for over"),
             OpenApiParameter("cursor", str),
             OpenApiParameter("page_size", int),
         ],
         responses={200: TaskSummary(many=True), 400: OpenApiResponse(description="Bad filter or cursor")},
     )
     def get(self, request: Request) -> Response:
-        filters = selectors.TaskFilter(request.query_params, queryset=selectors.visible_tasks(request.user))
+        filters = selectors.TaskFilter(
+            request.query_params, queryset=selectors.visible_tasks(request.user), request=request
+        )
         if not filters.is_valid():
             raise ValidationError(filters.errors)
         pages = NewestFirst()
@@ -282,6 +291,55 @@ class TaskControlApi(APIView):
                 "task": TaskDetail(task, context={"request": request}).data,
             }
         )
+
+
+class TaskRerunApi(APIView):
+    """POST /api/tasks/{id}/rerun/ — start a new task that reruns a failed, expired or canceled one."""
+
+    class RerunInput(serializers.Serializer):
+        reason = serializers.CharField(max_length=2000)
+        idempotency_key = serializers.CharField(max_length=200, required=False, allow_blank=False)
+        deadline = serializers.DateTimeField(required=False, allow_null=True)
+
+        def validate_reason(self, value: str) -> str:
+            storable(value, "reason")
+            return value
+
+        def validate_idempotency_key(self, value: str) -> str:
+            storable(value, "idempotency_key")
+            return value
+
+    @extend_schema(
+        operation_id="tasks_rerun",
+        request=RerunInput,
+        responses={
+            200: OpenApiResponse(TaskDetail, description="Same idempotency key: the rerun started before"),
+            201: TaskDetail,
+            400: OpenApiResponse(description="Field errors (also: the old input no longer fits the type)"),
+            403: OpenApiResponse(description="Needs the operator or admin role in the task's tenant"),
+            404: OpenApiResponse(),
+            409: CONFLICT,
+        },
+    )
+    def post(self, request: Request, task_id: UUID) -> Response:
+        task = selectors.get_visible_task(request.user, task_id)
+        if not selectors.roles_in(request.user, task) & {Role.OPERATOR, Role.ADMIN}:
+            raise PermissionDenied("Rerunning a task needs the operator or admin role in its tenant.")
+        body = self.RerunInput(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            rerun, created = services.task_rerun(
+                task, actor=Actor.user(request.user, ActorKind.OPERATOR), **body.validated_data
+            )
+        except services.InvalidTaskInput as exc:
+            raise ValidationError({"input": exc.errors}) from None
+        except services.IdempotencyConflict as exc:
+            return Response(
+                {"detail": str(exc), "code": "idempotency_conflict", "task": str(exc.task.id)},
+                status=status.HTTP_409_CONFLICT,
+            )
+        out = TaskDetail(rerun, context={"request": request}).data
+        return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 # --- input and events from outside ---------------------------------------------------------------

@@ -6,7 +6,8 @@
 - ``GET {base}/records/{id}``: a record with its ``version``;
   ``PUT`` replaces its data and bumps the version (tests and the demo use it
   to change facts under a waiting task).
-- ``POST /sandbox/faults/``: queue a fault (see ``Fault``);
+- ``POST /sandbox/faults/``: queue a fault (see ``Fault``; ``params.key`` limits it to one
+  key or record, ``params.standing`` keeps it until cleared);
   ``DELETE /sandbox/faults/`` clears them.
 A fault can also be asked per call with the ``X-Sandbox-Fault`` header.
 """
@@ -49,21 +50,28 @@ def _effect_json(effect: Effect) -> dict:
     }
 
 
-def _next_fault(request: HttpRequest, system: str, operation: str) -> tuple[str, dict] | None:
+def _next_fault(request: HttpRequest, system: str, operation: str, key: str = "") -> tuple[str, dict] | None:
+    """The fault this call suffers: the header's, or the oldest queued one that applies.
+
+    A queued fault with ``params.key`` applies only to calls about that key (an
+    idempotency key, or a record id for reads); one with ``params.standing`` is
+    never used up (the demo's system that will not answer about one payment).
+    """
     header = request.headers.get("X-Sandbox-Fault")
     if header:
         kind, _, value = header.partition("=")
         return kind, ({"ms": int(value)} if value.isascii() and value.isdigit() else {})
     with transaction.atomic():
-        fault = (
+        queued = (
             Fault.objects.select_for_update()
             .filter(system=system, operation=operation, remaining__gt=0)
             .order_by("id")
-            .first()
         )
+        fault = next((f for f in queued if f.params.get("key") in (None, key)), None)
         if fault is None:
             return None
-        Fault.objects.filter(pk=fault.pk).update(remaining=fault.remaining - 1)
+        if not fault.params.get("standing"):
+            Fault.objects.filter(pk=fault.pk).update(remaining=fault.remaining - 1)
     return fault.kind, fault.params
 
 
@@ -84,7 +92,7 @@ def effects(request: HttpRequest, system: str) -> JsonResponse:
         return JsonResponse(
             {"detail": "Idempotency-Key header and a JSON object body are required"}, status=400
         )
-    fault = _next_fault(request, system, "dispatch")
+    fault = _next_fault(request, system, "dispatch", key)
     kind, params = fault or ("", {})
     if kind == "latency":
         time.sleep(params.get("ms", 500) / 1000)
@@ -115,7 +123,7 @@ def effects(request: HttpRequest, system: str) -> JsonResponse:
 def effect_detail(request: HttpRequest, system: str, key: str) -> JsonResponse:
     if missing := _unknown_system(system):
         return missing
-    fault = _next_fault(request, system, "lookup")
+    fault = _next_fault(request, system, "lookup", key)
     if fault and fault[0] == "error":
         return JsonResponse({"detail": "injected error"}, status=503)
     effect = Effect.objects.filter(system=system, idempotency_key=key).first()
@@ -141,7 +149,7 @@ def record(request: HttpRequest, system: str, record_id: str) -> JsonResponse:
                 found.data, found.version = data, found.version + 1
                 found.save(update_fields=["data", "version", "updated_at"])
         return JsonResponse({"id": record_id, "version": found.version, "data": found.data})
-    fault = _next_fault(request, system, "read")
+    fault = _next_fault(request, system, "read", record_id)
     if fault and fault[0] == "error":
         return JsonResponse({"detail": "injected error"}, status=503)
     if fault and fault[0] == "latency":

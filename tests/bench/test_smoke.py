@@ -51,3 +51,13 @@ def test_the_approvals_benchmark_runs_at_two_sizes():
         "approvals.py", "--small", "5", "--large", "40", "--repeat", "2", "--warmup", "1", saves=False
     )
     assert "worst ratio" in out
+
+
+def test_the_console_benchmark_runs_at_two_sizes():
+    out = run_bench(
+        "console.py",
+        *("--small", "200", "--large", "400", "--approvals", "20", "--history", "30"),
+        *("--repeat", "1", "--warmup", "0", "--export-rows", "20"),
+        saves=False,
+    )
+    assert "worst ratio" in out and "| audit export |" in out

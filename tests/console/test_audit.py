@@ -116,7 +116,7 @@ def test_the_audit_pages_are_read_only_for_an_auditor(auditor, acme):
     task = task_with_history(acme, steps=1)
     client = client_for(auditor)
     for url in ("/console/audit/", f"/console/audit/tasks/{task.id}/"):
-        assert 'method="post"' not in client.get(url).content.decode().split("<main>")[1]
+        assert 'method="post"' not in client.get(url).content.decode().split("<main")[1]
         assert client.post(url).status_code == 405
 
 

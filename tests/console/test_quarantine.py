@@ -102,7 +102,7 @@ def test_an_auditor_reads_the_list_without_controls(auditor, acme):
     client = client_for(auditor)
     response = client.get("/console/quarantine/")
     assert response.status_code == 200
-    assert 'method="post"' not in response.content.decode().split("<main>")[1]
+    assert 'method="post"' not in response.content.decode().split("<main")[1]
     assert client.post("/console/quarantine/").status_code == 405
 
 

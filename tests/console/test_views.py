@@ -85,7 +85,7 @@ def test_cancel_from_the_console_is_applied_and_audited(operator, acme):
     task = make_task(acme)
     response = client_for(operator).post(
         f"/console/tasks/{task.id}/cancel/",
-        {"expected_version": 1, "reason": "customer asked", "scope": "task"},
+        {"expected_version": 1, "reason": "customer asked", "scope": "task", "confirm": "on"},
         follow=True,
     )
     assert "Cancel applied" in response.content.decode()

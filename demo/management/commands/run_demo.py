@@ -32,6 +32,10 @@ class Command(BaseCommand):
     def handle(self, *args, addrport: str, concurrency: int, **options):
         host, _, port = addrport.rpartition(":")
         env = {
+            # The demo's thresholds: an outcome in doubt for a minute is escalated, and a task
+            # nobody has leased for a minute shows as stuck (production: 10 and 2 minutes).
+            "UNKNOWN_OUTCOME_ESCALATE_AFTER": "60",
+            "STUCK_AFTER": "60",
             **os.environ,
             "SANDBOX_BASE_URL": os.environ.get(
                 "SANDBOX_BASE_URL",

@@ -3,14 +3,34 @@
 Tenants ``acme`` and ``globex``; in each, users ``<tenant>-operator``,
 ``-approver``, ``-approver2``, ``-auditor``, ``-admin`` with password
 ``$DEMO_PASSWORD`` (default ``demo``); the sandbox order records, policies and
-approved runtime configs; and tasks waiting for input, an external event and a
-retry, one quarantined and two ready for the workers to drive.
+approved runtime configs; two tasks ready for the workers to drive, and, per
+tenant, a standing case of every kind an operator triages. None of the standing
+cases resolves by itself while ``make demo`` runs (web, worker, beat):
+
+- waiting for input, an external event (days-long deadlines) and a retry (a
+  short one the sweep resumes, and one whose backoff runs for hours);
+- quarantined for each reason: a checkpoint of a newer schema, a corrupt one, one
+  whose migration fails, a step error, a digest mismatch, an operator's hold
+  (quarantine is only left by an operator's release);
+- an outcome unknown whose payments system answers every lookup of that key with
+  an error (a standing sandbox fault), so the reconciler can never settle it and,
+  past the demo's threshold (``run_demo``: 60 s), escalates it;
+- a stuck task: runnable in region ``eu-west``, where no worker runs, so nobody
+  leases it (the stuck filter shows it ``STUCK_AFTER`` after seeding);
+- a failed task to rerun; approvals pending, one of them a repeat request for the
+  same task after the order record changed; a task with a long history (400 steps).
+
+Everything is written through real transitions (foreign checkpoints with
+``demo.foreign.written_as``, tampering by SQL as tampering is), so each task's
+audit chain verifies.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -18,11 +38,14 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from approvals import services as approvals
-from demo.sandbox.models import Record
-from ledger.models import Action, DispatchState
+from approvals.models import ApprovalRequest
+from demo.foreign import written_as
+from demo.sandbox.models import Fault, Record
+from ledger.models import IN_DOUBT, Action, DispatchState
 from ledger.services import action_move
-from tasks import checkpoints, decisions, registry, services
-from tasks.models import Policy, RuntimeConfig
+from runtime import runner
+from tasks import checkpoints, decisions, leases, registry, services
+from tasks.models import Checkpoint, Policy, RuntimeConfig, Task
 from tasks.services import task_create
 from tasks.states import ActorKind, State, Trigger
 from tasks.transitions import ActionIntent, Actor, advance
@@ -68,7 +91,9 @@ class Command(BaseCommand):
                     user.save(update_fields=["password"])
                 for role in roles:
                     grant_role(user, tenant, role)
-            self._tasks(tenant, User.objects.get(username=f"{slug}-operator"))
+            operator = User.objects.get(username=f"{slug}-operator")
+            self._tasks(tenant, operator)
+            self._standing(tenant, operator, User.objects.get(username=f"{slug}-approver2"))
         self.stdout.write(
             self.style.SUCCESS(f"Demo ready: users <tenant>-operator etc., password {password!r}")
         )
@@ -236,6 +261,258 @@ class Command(BaseCommand):
         ):
             self._lost_answer(task, worker)
 
+    def _standing(self, tenant: Tenant, operator, approver) -> None:
+        """The cases an operator triages that nothing in the running demo resolves."""
+        worker = Actor.worker("seed-demo")
+        now = timezone.now()
+
+        def start(key: str, task_type: str, objective: str, input: dict, region: str | None = None):
+            task, created = task_create(
+                tenant=tenant,
+                task_type=task_type,
+                objective=objective,
+                input=input,
+                owner=operator,
+                idempotency_key=f"demo-{key}",
+                actor=Actor.user(operator, ActorKind.INTEGRATOR),
+                region=region,
+            )
+            return task if created else None
+
+        def refund(key: str, order: str, objective: str):
+            return start(key, "refund_request", objective, _refund(order, ORDERS[order]["total"]))
+
+        def step(task, progress, *, reason: str = "", **changes):
+            return advance(
+                task.id,
+                task.state_version,
+                State.READY,
+                actor=worker,
+                trigger=Trigger.STEP,
+                progress=progress,
+                reason=reason,
+                **changes,
+            )
+
+        def ask_customer(task):
+            progress = _read(task, task.input["order_id"], now, step="ask_customer")
+            return advance(
+                task.id,
+                task.state_version,
+                State.WAITING_INPUT,
+                actor=worker,
+                trigger=Trigger.REQUEST_INPUT,
+                progress=progress,
+                wait_deadline=now + timedelta(hours=48),
+            )
+
+        # Quarantined: checkpoints the running code cannot read, each written by a real transition
+        # (the "other code" through written_as) and found unreadable the way a worker finds it.
+        newer = checkpoints.CURRENT_SCHEMA + 1
+        unreadable: dict[str, tuple[str, str, dict[str, Any]]] = {
+            "q-newer": (
+                "A-110",
+                "written by a newer deployment",
+                {
+                    "body": json.dumps(
+                        {"schema_version": newer, "step": "ask_customer", "deployment": "next"}
+                    ),
+                    "schema_version": newer,
+                },
+            ),
+            "q-corrupt": (
+                "A-111",
+                "its checkpoint does not decode",
+                {"body": '{"schema_version": 2, "step": '},
+            ),
+            "q-unmigratable": (
+                "A-112",
+                "an old checkpoint no migration reads",
+                {"body": '{"schema_version": 0, "position": "ask_customer"}', "schema_version": 0},
+            ),
+        }
+        for key, (order, why, fields) in unreadable.items():
+            if task := refund(key, order, f"Refund order {order} ({why})"):
+                with written_as(**fields):
+                    task = ask_customer(task)
+                services.task_resume_point(task.id, actor=worker)
+        if task := refund(
+            "q-tampered", "A-115", "Refund order A-115 (its checkpoint was edited behind our back)"
+        ):
+            task = ask_customer(task)
+            row = Checkpoint.objects.get(task=task, state_version=task.state_version)
+            body = json.loads(row.body)
+            body["facts"]["amount"] = "9999.00"
+            Checkpoint.objects.filter(pk=row.pk).update(body=json.dumps(body))  # tampering, by SQL
+            services.task_resume_point(task.id, actor=worker)
+        if task := refund("q-step-error", "A-116", "Refund order A-116 (a step raised)"):
+            # The worker's own path: a claimed lease, then what the runner does when a step raises.
+            lease = leases.claim(task.id, worker_id="seed-demo", region=task.region)
+            if lease is not None:
+                try:
+                    runner._quarantine_after_error(task.id, worker, lease, KeyError("refund_card"))
+                finally:
+                    leases.release(lease)
+
+        # An outcome unknown the payments system will not answer about (see _standing_fault).
+        for action in Action.objects.filter(task__tenant=tenant, task__idempotency_key="demo-unknown"):
+            if action.dispatch_state in IN_DOUBT:
+                _standing_fault(action.connector, "lookup", action.idempotency_key)
+
+        # Stuck: runnable, but in a region where no worker runs, so nobody ever leases it.
+        start(
+            "stuck",
+            "order_lookup",
+            f"Look up order A-113 (queued in region {STUCK_REGION}, where no worker runs)",
+            {"order_id": "A-113"},
+            region=STUCK_REGION,
+        )
+
+        # A retry whose backoff runs for hours (the short one in _tasks is resumed by the sweep).
+        if task := start(
+            "retry-long",
+            "order_lookup",
+            "Look up order A-114 (order system down; next attempt in 12 hours)",
+            {"order_id": "A-114"},
+        ):
+            advance(
+                task.id,
+                task.state_version,
+                State.WAITING_RETRY,
+                actor=worker,
+                trigger=Trigger.ATTEMPT_FAILED,
+                progress=checkpoints.Progress(step="lookup", facts=task_facts(task)),
+                reason="orders answered 503",
+                reason_code="evidence_unavailable",
+                attempt=2,
+                wait_deadline=now + timedelta(hours=12),
+            )
+
+        # Failed (an approver said no): the operator may rerun it.
+        if task := refund("failed", "A-105", "Refund order A-105 (rejected by the approver)"):
+            task, request = _ask_approval(task, worker, _read(task, "A-105", now, step="approve"), now)
+            approvals.approval_decide(
+                request,
+                user=approver,
+                decision="reject",
+                digest_seen=request.digest,
+                comment="Refunded in store.",
+            )
+            task = Task.objects.get(pk=task.pk)
+            progress = services.latest_checkpoint(task).progress
+            task = advance(
+                task.id,
+                task.state_version,
+                State.READY,
+                actor=worker,
+                trigger=Trigger.PROCEED,
+                progress=progress,
+                reason_code="revalidated",
+            )
+            advance(
+                task.id,
+                task.state_version,
+                State.FAILED,
+                actor=worker,
+                trigger=Trigger.FAIL,
+                progress=progress.model_copy(update={"step": "approval_rejected"}),
+                reason_code="refund_rejected_by_approver",
+                outcome={"reason": "refund_rejected_by_approver"},
+            )
+
+        # A repeat approval request: approved, then the order record changed (v1 -> v2, a new
+        # card), the task refreshed its evidence and asks again for the changed payment.
+        if task := refund("reapproval", "A-108", "Refund order A-108: approve again (the order changed)"):
+            task, first = _ask_approval(task, worker, _read(task, "A-108", now, step="approve"), now)
+            approvals.approval_decide(first, user=approver, decision="approve", digest_seen=first.digest)
+            record = Record.objects.get(system="orders", record_id="A-108")
+            if record.version == 1:
+                Record.objects.filter(pk=record.pk).update(
+                    data={**record.data, "card": CHANGED_CARD}, version=2
+                )
+            task = Task.objects.get(pk=task.pk)
+            kind = registry.get(task.task_type)
+            task = advance(
+                task.id,
+                task.state_version,
+                State.READY,
+                actor=worker,
+                trigger=Trigger.REFRESH,
+                progress=services.latest_checkpoint(task).progress.model_copy(
+                    update={"step": kind.replan_step}
+                ),
+                reason="evidence changed: orders/A-108 v1 -> v2",
+                reason_code="evidence_changed",
+            )
+            again = _read(task, "A-108", now, step="approve", version="2", refund_card=CHANGED_CARD)
+            task = step(task, again, reason="read orders/A-108 v2")
+            approve = kind.step_as("approve", registry.RequestApproval)
+            ask = approvals.request_decision(
+                task,
+                kind,
+                approve,
+                again,
+                now=now,
+                why="re-approval: the action changed since it was approved",
+            )
+            decisions.commit(task, ask, actor=worker)
+
+        # A long history: a refund the model and the customer went back and forth on.
+        if task := refund("long-history", "A-109", f"Refund order A-109 ({LONG_HISTORY} steps of history)"):
+            for turn in range(1, LONG_HISTORY + 1):
+                progress = _read(task, "A-109", now, step="triage", turn=turn)
+                task = step(task, progress, reason=f"turn {turn}: the customer's answer is still unclear")
+            advance(
+                task.id,
+                task.state_version,
+                State.WAITING_EXTERNAL,
+                actor=worker,
+                trigger=Trigger.AWAIT_EXTERNAL,
+                progress=_read(task, "A-109", now, step="await_return", damaged_item="jug"),
+                wait_deadline=now + timedelta(days=30),
+            )
+
+
+def _read(task, order: str, now, *, step: str, version: str = "1", **facts) -> checkpoints.Progress:
+    """Where a refund stands once ``order`` was read (at ``version``) and triaged."""
+    evidence = [
+        checkpoints.EvidenceRef(system="orders", record_id=order, record_version=version, fetched_at=now)
+    ]
+    order_facts = {
+        "order_status": "delivered",
+        "order_total": ORDERS[order]["total"],
+        "refund_card": ORDERS[order]["card"],
+        "triage": "refund",
+    }
+    return checkpoints.Progress(
+        step=step, facts={**task_facts(task), **order_facts, **facts}, evidence=evidence
+    )
+
+
+def _ask_approval(task, worker, progress: checkpoints.Progress, now) -> tuple[Task, ApprovalRequest]:
+    """Step to ``approve`` and ask for the payment's approval, as the engine does."""
+    task = advance(
+        task.id, task.state_version, State.READY, actor=worker, trigger=Trigger.STEP, progress=progress
+    )
+    kind = registry.get(task.task_type)
+    ask = approvals.request_decision(
+        task, kind, kind.step_as("approve", registry.RequestApproval), progress, now=now
+    )
+    task = decisions.commit(task, ask, actor=worker)
+    return task, ApprovalRequest.objects.filter(task=task).latest("created_at")
+
+
+def _standing_fault(system: str, operation: str, key: str) -> None:
+    """Every ``operation`` call about ``key`` answers 503 until the fault is cleared (idempotent)."""
+    params = {"key": key, "standing": True}
+    queued = Fault.objects.filter(system=system, operation=operation, kind="error")
+    if not any(fault.params == params for fault in queued):
+        Fault.objects.create(system=system, operation=operation, kind="error", remaining=1, params=params)
+
+
+STUCK_REGION = "eu-west"
+LONG_HISTORY = 400
+CHANGED_CARD = "visa-5556"
 
 ORDERS = {
     "A-100": {"status": "delivered", "total": "12.50", "card": "visa-4242"},
@@ -245,6 +522,16 @@ ORDERS = {
     "A-104": {"status": "shipped", "total": "15.00", "card": "visa-4242"},
     "A-106": {"status": "delivered", "total": "150.00", "card": "visa-0077"},
     "A-107": {"status": "delivered", "total": "32.00", "card": "visa-4242"},
+    "A-105": {"status": "delivered", "total": "64.00", "card": "visa-3003"},
+    "A-108": {"status": "delivered", "total": "310.00", "card": "visa-1111"},
+    "A-109": {"status": "delivered", "total": "27.00", "card": "visa-4242"},
+    "A-110": {"status": "delivered", "total": "18.00", "card": "visa-4242"},
+    "A-111": {"status": "delivered", "total": "21.00", "card": "visa-4242"},
+    "A-112": {"status": "delivered", "total": "24.00", "card": "visa-4242"},
+    "A-113": {"status": "shipped", "total": "11.00", "card": "visa-4242"},
+    "A-114": {"status": "shipped", "total": "13.00", "card": "visa-4242"},
+    "A-115": {"status": "delivered", "total": "35.00", "card": "visa-4242"},
+    "A-116": {"status": "delivered", "total": "38.00", "card": "visa-4242"},
 }
 
 

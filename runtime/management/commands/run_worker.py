@@ -2,7 +2,8 @@
 
 1. (with ``--sweep``) end overdue waits, expire late tasks, reconcile unknown outcomes;
 2. claim up to ``--batch`` runnable tasks of ``--region`` without a live lease;
-3. run each until it waits or ends; sleep ``--idle`` seconds when none was found;
+3. run each until it waits or ends, then advance a queued bulk operation (``runtime.bulk``);
+   sleep ``--idle`` seconds when nothing was done;
 4. the database went away (restart, failover: the round raised a connection
    error): never exit — reconnect with capped, jittered backoff, give back the
    leases held when it broke (``runtime.reconnect``), and go on with step 1.
@@ -21,7 +22,7 @@ from django.core.management.base import BaseCommand
 
 from approvals import services as approvals
 from config import otel
-from runtime import reconcile, reconnect, runner, sweep
+from runtime import bulk, reconcile, reconnect, runner, sweep
 from runtime.workers import worker_id
 
 
@@ -76,4 +77,6 @@ class Command(BaseCommand):
             sweep.sweep(lambda task_id, task_region: None)  # this loop polls; no doorbell needed
             reconcile.reconcile_unknown()
             approvals.expire_pending()
-        return runner.run_available(worker_id=me, region=region, limit=batch, ttl=ttl)
+        ran = runner.run_available(worker_id=me, region=region, limit=batch, ttl=ttl)
+        # Large bulk operations (runtime.bulk) advance a budget per round, so tasks are not starved.
+        return ran + bulk.run_pending(me)

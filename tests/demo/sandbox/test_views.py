@@ -51,3 +51,13 @@ def test_an_odd_fault_header_is_ignored_not_a_500(client):
         client, "/sandbox/payments/effects/", {}, HTTP_IDEMPOTENCY_KEY="k", HTTP_X_SANDBOX_FAULT="latency=²"
     )
     assert response.status_code == 201
+
+
+def test_a_standing_fault_for_one_key_fails_every_lookup_of_that_key_and_no_other(client):
+    post(client, "/sandbox/payments/effects/", {"amount": "1"}, HTTP_IDEMPOTENCY_KEY="other")
+    Fault.objects.create(
+        system="payments", operation="lookup", kind="error", params={"key": "stuck", "standing": True}
+    )
+    assert [client.get("/sandbox/payments/effects/stuck").status_code for _ in range(3)] == [503] * 3
+    assert client.get("/sandbox/payments/effects/other").status_code == 200
+    assert Fault.objects.get().remaining == 1

@@ -1,0 +1,147 @@
+"""Bulk actions from the queue: preview (count, sample), one reason, confirm, then the report.
+
+The set is either the rows ticked on the queue (``ids``) or everything matching the
+queue's filters (``target=all``), always inside the tenants where the user may
+operate. Writes go through ``runtime.bulk`` only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django import forms
+from django.contrib.auth.decorators import login_required
+from django.db.models import QuerySet
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import redirect, render
+from django.urls import reverse
+
+from console.access import AUDIT_ROLES, tenant_ids_or_403
+from runtime import bulk, controls
+from runtime.models import BulkOperation, Outcome
+from tasks import selectors
+from tasks.models import Task
+from tenancy.models import Role
+from tenancy.selectors import tenant_ids_for
+
+OPERATE = (Role.OPERATOR, Role.ADMIN)
+MAX_IDS = 500  # ticked rows per request; "everything matching" has no such limit (bulk.MAX_TASKS)
+SAMPLE = 20
+RESULTS_SHOWN = 500
+# Not filters: the selection, the form and the paging travel beside them.
+NOT_FILTERS = ("ids", "target", "control", "reason", "scope", "escalate_to", "before", "after", "sort")
+
+
+class BulkForm(forms.Form):
+    control = forms.ChoiceField(choices=[(name, name) for name in controls.CONTROLS])
+    target = forms.ChoiceField(choices=[("selected", "selected rows"), ("all", "everything matching")])
+    reason = forms.CharField(max_length=2000, required=False)
+    scope = forms.ChoiceField(
+        choices=[(s, s) for s in controls.CANCEL_SCOPES], initial="task", required=False
+    )
+    escalate_to = forms.ChoiceField(
+        choices=[(r, r) for r in controls.ESCALATION_ROLES], initial="admin", required=False
+    )
+
+
+def _selection(request: HttpRequest, params: QueryDict, target: str) -> tuple[QuerySet[Task], dict[str, Any]]:
+    """The tasks the operator means, limited to tenants where they may operate; and how to record it."""
+    operable = selectors.visible_tasks(request.user).filter(
+        tenant_id__in=tenant_ids_for(request.user, OPERATE)
+    )
+    if target == "all":
+        filter_params = params.copy()
+        for key in NOT_FILTERS:
+            filter_params.pop(key, None)
+        filters = selectors.TaskFilter(filter_params, queryset=operable, request=request)
+        if not filters.is_valid():
+            return operable.none(), {"query": filter_params.urlencode(), "invalid": True}
+        return filters.qs, {"query": filter_params.urlencode()}
+    ids: list[UUID] = []
+    for value in params.getlist("ids")[:MAX_IDS]:
+        try:
+            ids.append(UUID(value))
+        except ValueError:
+            continue
+    return operable.filter(id__in=ids), {"ids": [str(i) for i in ids]}
+
+
+def _filter_fields(params: QueryDict) -> list[tuple[str, str]]:
+    """The selection, as hidden fields the confirmation posts back."""
+    return [(key, value) for key, values in params.lists() if key in ("ids",) or key not in NOT_FILTERS
+            for value in values]  # fmt: skip
+
+
+@login_required
+def preview(request: HttpRequest) -> HttpResponse:
+    """GET: what would happen (count, a sample). POST: the confirmation — create, then run or queue."""
+    tenant_ids_or_403(request.user, OPERATE)
+    params = request.POST if request.method == "POST" else request.GET
+    form = BulkForm(params)
+    if not form.is_valid():
+        return render(request, "console/bulk_preview.html", {"form": form, "invalid": True}, status=400)
+    data = form.cleaned_data
+    tasks, selection = _selection(request, params, data["target"])
+    error = ""
+    if request.method == "POST":
+        try:
+            operation = bulk.bulk_create(
+                user=request.user,
+                control=data["control"],
+                reason=data["reason"],
+                tasks=tasks,
+                selection=selection,
+                scope=data["scope"] or "task",
+                escalate_to=data["escalate_to"] or "admin",
+            )
+        except bulk.BulkRefused as exc:
+            error = str(exc)
+        else:
+            if operation.total <= bulk.SYNC_LIMIT:
+                bulk.bulk_run(operation.id, runner=f"console:{request.user.get_username()}")
+            return redirect("console:bulk-report", operation_id=operation.id)
+    count = tasks[: bulk.MAX_TASKS + 1].count()
+    context = {
+        "form": form,
+        "control": data["control"],
+        "target": data["target"],
+        "count": min(count, bulk.MAX_TASKS),
+        "too_many": count > bulk.MAX_TASKS,
+        "sample": list(tasks.select_related("tenant").defer("input", "outcome").order_by("-id")[:SAMPLE]),
+        "hidden": _filter_fields(params),
+        "error": error,
+        "back": f"{reverse('console:queue')}?{selection.get('query', '')}",
+        "runs_in_worker": count > bulk.SYNC_LIMIT,
+    }
+    return render(request, "console/bulk_preview.html", context, status=400 if error else 200)
+
+
+def _operation_for(user: Any, operation_id: UUID) -> BulkOperation:
+    """The operation if ``user`` started it, or may read every tenant it touched; else 404."""
+    operation = BulkOperation.objects.filter(pk=operation_id).first()
+    if operation is None:
+        raise Http404("No such bulk operation")
+    if operation.created_by_id != user.pk:
+        touched = set(operation.results.values_list("tenant_id", flat=True).distinct())
+        if not touched or not touched <= set(tenant_ids_for(user, AUDIT_ROLES)):
+            raise Http404("No such bulk operation")
+    return operation
+
+
+@login_required
+def report(request: HttpRequest, operation_id: UUID) -> HttpResponse:
+    operation = _operation_for(request.user, operation_id)
+    shown = request.GET.get("outcome", "")
+    results = operation.results.order_by("id")
+    if shown in Outcome.values:
+        results = results.filter(outcome=shown)
+    context = {
+        "operation": operation,
+        "results": results[:RESULTS_SHOWN],
+        "shown": shown,
+        "outcomes": Outcome,
+        "percent": (100 * operation.done // operation.total) if operation.total else 100,
+        "limit": RESULTS_SHOWN,
+    }
+    return render(request, "console/bulk_report.html", context)

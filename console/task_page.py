@@ -1,0 +1,650 @@
+"""The task page: why a task stands where it is, what it knows, what happened, what may be done.
+
+Server-rendered and complete without JavaScript. ``task_detail`` reads; the
+three POST views each call one service (``runtime.controls.task_control``,
+``tasks.services.task_provide_input``, ``tasks.services.task_rerun``) and
+redirect back. A refused write keeps what the operator typed in the session
+(``_keep_draft``) so the page they land on shows it again.
+
+Queries are bounded whatever the history's length: the timeline is a keyset
+page on ``(task, state_version)`` (the ``event_one_per_version`` index), the
+checkpoint viewer reads one or two rows, the rest are capped lists.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID, uuid4
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db.models import OuterRef, Q, Subquery
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.views.decorators.http import require_POST, require_safe
+
+from approvals.models import ApprovalRequest
+from audit.models import LeaseTakeover, TransitionEvent
+from console.access import can_operate, get_task_for_user
+from console.forms import DESTRUCTIVE, AnswerForm, ControlForm, RerunForm
+from console.quarantine import BEFORE_RELEASE
+from ledger.models import Action
+from runtime import controls
+from tasks import checkpoints, registry, selectors, services
+from tasks.checkpoints import CheckpointUnreadable
+from tasks.exceptions import StaleVersion, TransitionNotAllowed
+from tasks.models import Checkpoint, Lease, Task
+from tasks.states import RUNNABLE, TERMINAL, WAITING, ActorKind, State, Trigger
+from tasks.transitions import Actor
+
+TIMELINE_PAGE = 50
+CHECKPOINT_LINKS = 30  # newest checkpoint versions linked from the viewer (any other: by number)
+ACTIONS_SHOWN = 100
+APPROVALS_SHOWN = 20
+TAKEOVERS_SHOWN = 5
+DRAFT_KEY = "console:task-drafts"  # session: task id -> {"form": control|"answer"|"rerun", fields...}
+
+
+def stamp(value: datetime | None) -> SafeString | str:
+    """The one way the task page writes a moment: local time with its zone, ISO in ``datetime``."""
+    if value is None:
+        return "—"
+    local = timezone.localtime(value)
+    return format_html(
+        '<time datetime="{}">{}</time>', local.isoformat(), local.strftime("%Y-%m-%d %H:%M:%S %Z")
+    )
+
+
+# --- the "why" panel ---------------------------------------------------------------------------------
+
+# Human phrasing of what a validation or quarantine found, for the controls' help text.
+FOUND = {
+    "revalidated": "it passed resume validation last time",
+    "policy_changed": "its policy version changed last time (it was replanned)",
+    "policy_changed_immaterial": "its policy changed last time, immaterially (it proceeded)",
+    "runtime_config_replaced": "its model, prompt or tool set was no longer approved last time (replanned)",
+    "evidence_changed": "an evidence record had changed last time (refreshed)",
+    "deadline_passed": "its deadline had passed last time",
+    "approver_access_revoked": "its approver had lost the role last time (a new approval was asked)",
+    "step_error": "a step raised an error last time",
+    "evidence_missing": "an evidence record was missing last time",
+    "owner_access_revoked": "its owner had lost access last time",
+    "unknown_step": "its step no longer existed in the task type last time",
+    "quarantine": "an operator quarantined it",
+}
+
+
+@dataclass(frozen=True)
+class Why:
+    """What the panel at the top says. Moments stay datetimes: the template formats them."""
+
+    reason: str  # the human reason of the latest event (and of the event that entered the state)
+    code: str  # Task.state_reason
+    waiting_for: str
+    until: datetime | None
+    next: str
+    next_at: datetime | None = None
+    next_then: str = ""
+    stuck: bool = False
+    entry_reason: str = ""
+
+
+def _waiting_for(task: Task, step: registry.Step | None, unknown_effects: int) -> str:
+    state = task.state
+    if state == State.WAITING_INPUT:
+        question = step.question if isinstance(step, registry.RequestInput) else "(question unknown)"
+        return f"an answer to “{question}”"
+    if state == State.WAITING_APPROVAL:
+        if isinstance(step, registry.RequestApproval):
+            return f"an {step.approver_role}'s decision on “{step.action_step}”"
+        return "an approval decision"
+    if state == State.WAITING_EXTERNAL:
+        kind = step.event_type if isinstance(step, registry.AwaitExternal) else "an external event"
+        return f"the external event “{kind}”"
+    if state == State.WAITING_RETRY:
+        return f"its backoff to elapse before attempt {task.attempt + 1}"
+    if state == State.OUTCOME_UNKNOWN:
+        return f"the authoritative outcome of {unknown_effects or 'a'} side effect(s) in doubt"
+    if state == State.CANCEL_REQUESTED:
+        return "a worker to settle in-flight side effects and confirm the cancellation"
+    if state == State.RESUME_VALIDATION:
+        return "a worker to revalidate it before it resumes"
+    if state == State.READY:
+        return f"a worker to run step “{step.name}”" if step is not None else "a worker"
+    if state == State.QUARANTINED:
+        return "an operator's decision: nothing resumes a quarantined task by itself"
+    return "nothing: the task has ended"
+
+
+def _stuck_cause(task: Task) -> str:
+    """Which clause of ``tasks.selectors.stuck_condition`` holds; the state decides (they are disjoint)."""
+    if task.state in RUNNABLE:
+        return (
+            f"no worker has held its lease for over {settings.STUCK_AFTER:g} s since it became {task.state}: "
+            f"are workers for region “{task.region}” running?"
+        )
+    if task.state in WAITING:
+        return "its wait deadline passed and nothing ended the wait: is the sweep (celery beat) running?"
+    return (
+        f"its outcome has been unknown for over {settings.UNKNOWN_OUTCOME_ESCALATE_AFTER:g} s and "
+        "the reconciler has not settled it: reconcile now, or check the system"
+    )
+
+
+def _why(
+    task: Task,
+    *,
+    step: registry.Step | None,
+    lease: Lease | None,
+    latest: TransitionEvent | None,
+    entry: TransitionEvent | None,
+    stuck: bool,
+    unknown_effects: int,
+) -> Why:
+    base: dict[str, Any] = {
+        "reason": latest.reason if latest is not None else "",
+        "entry_reason": entry.reason if entry is not None and entry != latest else "",
+        "code": task.state_reason,
+        "waiting_for": _waiting_for(task, step, unknown_effects),
+        "until": task.wait_deadline,
+    }
+    state = task.state
+    if stuck:
+        return Why(**base, next=f"nothing: stuck — {_stuck_cause(task)}", stuck=True)
+    if state in TERMINAL:
+        rerun = " An operator can rerun it as a new task." if state in services.RERUNNABLE else ""
+        return Why(**base, next=f"nothing: the task ended ({state}).{rerun}")
+    if state == State.QUARANTINED:
+        return Why(
+            **base, next="an operator must act: release it (resume validation runs again) or cancel it"
+        )
+    if state in RUNNABLE:
+        if lease is not None:
+            return Why(
+                **base,
+                next=f"worker {lease.worker_id} is working on it (lease #{lease.token}) until",
+                next_at=lease.expires_at,
+            )
+        return Why(**base, next=f"eligible: the next free worker of region “{task.region}” claims it")
+    if state == State.OUTCOME_UNKNOWN:
+        every = settings.CELERY_BEAT_SCHEDULE["reconcile"]["schedule"]
+        return Why(
+            **base,
+            next=f"the reconciler asks the system again (every {every:g} s); an operator can reconcile now",
+        )
+    if state == State.WAITING_RETRY:
+        return Why(
+            **base,
+            next="the sweep resumes it at",
+            next_at=task.wait_deadline,
+            next_then="(backoff elapsed); an operator can retry it sooner",
+        )
+    # The other waits: the awaited answer arrives, or the sweep ends the wait at its deadline.
+    on_expiry = registry.get(task.task_type).on_wait_expiry if task.task_type in registry.names() else ""
+    then = "it goes through resume validation and asks again" if on_expiry == "revalidate" else "it expires"
+    return Why(
+        **base,
+        next="the awaited answer arrives, or the sweep ends the wait at",
+        next_at=task.wait_deadline,
+        next_then=f"(then {then})",
+    )
+
+
+# --- checkpoints: viewer and diff --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shown:
+    """One stored checkpoint as the page shows it: decoded, or the reason it cannot be."""
+
+    version: int
+    document: checkpoints.Checkpoint | None
+    unreadable: str = ""  # "<reason>: <detail>"
+    created_at: datetime | None = None
+    digest: str = ""
+
+
+def _with_recorded_digest(rows: Any) -> Any:
+    recorded = TransitionEvent.objects.filter(
+        task_id=OuterRef("task_id"), state_version=OuterRef("state_version")
+    ).values("checkpoint_digest")[:1]
+    return rows.annotate(recorded_digest=Subquery(recorded))
+
+
+def _shown(row: Any) -> Shown:
+    try:
+        document = checkpoints.decode_stored(row, recorded_digest=row.recorded_digest)
+    except CheckpointUnreadable as exc:
+        return Shown(row.state_version, None, f"{exc.reason}: {exc.detail}", row.created_at, row.digest)
+    return Shown(row.state_version, document, "", row.created_at, row.digest)
+
+
+def _load_checkpoints(task: Task, versions: list[int]) -> dict[int, Shown]:
+    """The given versions (one query), or the newest when ``versions`` is empty."""
+    rows = _with_recorded_digest(Checkpoint.objects.filter(task=task))
+    if versions:
+        return {row.state_version: _shown(row) for row in rows.filter(state_version__in=versions)}
+    newest = rows.order_by("-state_version").first()
+    return {newest.state_version: _shown(newest)} if newest is not None else {}
+
+
+def _version(text: str | None) -> int | None:
+    try:
+        value = int(text or "")
+    except ValueError:
+        return None
+    return value if 1 <= value < 2**31 else None
+
+
+def _json(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class Diff:
+    older: Shown
+    newer: Shown
+    facts: list[tuple[str, str, str, str]] = field(default_factory=list)  # (change, name, before, after)
+    fields: list[tuple[str, str, str]] = field(default_factory=list)  # (name, before, after)
+
+
+# Fields every checkpoint has that say nothing about progress between two versions.
+_DIFF_SKIPPED = {"facts", "task_id", "schema_version"}
+
+
+def checkpoint_diff(older: Shown, newer: Shown) -> Diff:
+    """Facts added, removed and changed from ``older`` to ``newer``, and every other field that changed."""
+    if older.document is None or newer.document is None:
+        return Diff(older, newer)
+    a, b = older.document.facts, newer.document.facts
+    facts = [("added", k, "", _json(b[k])) for k in sorted(b.keys() - a.keys())]
+    facts += [("removed", k, _json(a[k]), "") for k in sorted(a.keys() - b.keys())]
+    facts += [("changed", k, _json(a[k]), _json(b[k])) for k in sorted(a.keys() & b.keys()) if a[k] != b[k]]
+    before, after = older.document.model_dump(mode="json"), newer.document.model_dump(mode="json")
+    fields = [
+        (name, _json(before.get(name)), _json(after.get(name)))
+        for name in sorted(before.keys() | after.keys())
+        if name not in _DIFF_SKIPPED and before.get(name) != after.get(name)
+    ]
+    return Diff(older, newer, facts, fields)
+
+
+def _checkpoint_context(task: Task, query: Any) -> dict[str, Any]:
+    """The viewer (``?checkpoint=N``, default the newest) and the diff (``?diff=A,B``)."""
+    wanted = _version(query.get("checkpoint"))
+    diff_pair: tuple[int, int] | None = None
+    first, _, second = (query.get("diff") or "").partition(",")
+    a, b = _version(first), _version(second)
+    if a is not None and b is not None and a != b:
+        diff_pair = (min(a, b), max(a, b))
+    versions = list(
+        Checkpoint.objects.filter(task=task)
+        .order_by("-state_version")
+        .values_list("state_version", flat=True)[:CHECKPOINT_LINKS]
+    )
+    latest_version = versions[0] if versions else None
+    needed = {v for v in (wanted, latest_version, *(diff_pair or ())) if v is not None}
+    loaded = _load_checkpoints(task, sorted(needed)) if needed else {}
+    viewed_version = wanted if wanted in loaded else latest_version
+    context: dict[str, Any] = {
+        "checkpoint_versions": versions,
+        "latest_checkpoint": loaded.get(latest_version) if latest_version is not None else None,
+        "viewed": loaded.get(viewed_version) if viewed_version is not None else None,
+        "checkpoint_missing": wanted is not None and wanted not in loaded,
+        "wanted_checkpoint": wanted,
+        "diff": None,
+        "diff_missing": [],
+    }
+    viewed = context["viewed"]
+    if viewed is not None:
+        older = [v for v in versions if v < viewed.version]
+        context["previous_version"] = older[0] if older else None
+    if diff_pair is not None:
+        missing = [v for v in diff_pair if v not in loaded]
+        context["diff_missing"] = missing
+        if not missing:
+            context["diff"] = checkpoint_diff(loaded[diff_pair[0]], loaded[diff_pair[1]])
+    return context
+
+
+# --- the timeline ------------------------------------------------------------------------------------
+
+
+def _timeline(task: Task, query: Any) -> dict[str, Any]:
+    """One keyset page of events, newest first unless ``?order=oldest``; ``?after=<version>`` pages on.
+
+    Routine ``step`` events (a worker finished a step and stays ready) are
+    grouped, runs of them folded into one ``<details>``.
+    """
+    oldest_first = query.get("order") == "oldest"
+    after = _version(query.get("after"))
+    events = TransitionEvent.objects.filter(task=task)
+    if after is not None:
+        events = (
+            events.filter(state_version__gt=after) if oldest_first else events.filter(state_version__lt=after)
+        )
+    rows = list(events.order_by("state_version" if oldest_first else "-state_version")[: TIMELINE_PAGE + 1])
+    page, more = rows[:TIMELINE_PAGE], len(rows) > TIMELINE_PAGE
+    items: list[dict[str, Any]] = []
+    for event in page:
+        routine = event.trigger == Trigger.STEP and event.from_state == event.to_state
+        if routine and items and items[-1]["routine"]:
+            items[-1]["events"].append(event)
+        else:
+            items.append({"routine": routine, "events": [event]})
+    return {
+        "timeline": items,
+        "timeline_order": "oldest" if oldest_first else "newest",
+        "timeline_next": page[-1].state_version if more else None,
+        "timeline_first_page": after is None,
+    }
+
+
+# --- controls ----------------------------------------------------------------------------------------
+
+
+def _found(event: TransitionEvent | None) -> str:
+    if event is None:
+        return ""
+    said = FOUND.get(event.reason_code) or (
+        f"last time: {event.reason_code}" if event.reason_code else f"last time: {event.trigger}"
+    )
+    if event.reason_code.startswith("checkpoint_"):
+        said = f"its checkpoint could not be read last time ({event.reason_code})"
+    return f"{said}" + (f" — “{event.reason}”" if event.reason else "")
+
+
+def control_help(control: str, task: Task, last_check: TransitionEvent | None, in_doubt: int) -> str:
+    """What ``control`` does to this task and its likely result (from its last validation or quarantine)."""
+    found = _found(last_check)
+    if control == "release":
+        text = (
+            "Release sends the task to resume validation: the checkpoint is read again, then deadline, "
+            "access, runtime config, policy and evidence are re-checked."
+        )
+        if found:
+            text += f" This task: {found}."
+        hint = BEFORE_RELEASE.get(last_check.reason_code, "") if last_check is not None else ""
+        return f"{text} {hint}".strip()
+    if control == "cancel":
+        text = (
+            "Cancel asks the task to stop. A worker first settles the side effects in flight, "
+            "then the task ends canceled; its report lists any effect that could not be undone."
+        )
+        if in_doubt:
+            text += f" {in_doubt} side effect(s) are in flight or unknown: they are reconciled first."
+        return text
+    if control == "quarantine":
+        return (
+            "Quarantine holds the task: no worker resumes it until an operator releases it "
+            "(release re-runs resume validation). Use it when resuming would be unsafe."
+        )
+    if control == "retry":
+        text = (
+            f"Retry ends the backoff now: the task goes through resume validation, then attempt "
+            f"{task.attempt + 1} runs."
+        )
+        return text + (f" This task: {found}." if found else "")
+    if control == "escalate":
+        return (
+            f"Escalate raises the escalation level ({task.escalation_level} → {task.escalation_level + 1}) "
+            "and hands the task to the role you pick; its state does not change."
+        )
+    if control == "reconcile":
+        return (
+            "Reconcile asks the authoritative system now about each side effect in doubt (by its idempotency "
+            "key): found done → ready; failed → retry with backoff; absent → sent again after a backoff."
+        )
+    return f"{control.title()}: an operator control from the transition table."
+
+
+def _drafts(request: HttpRequest) -> dict[str, Any]:
+    stored = request.session.get(DRAFT_KEY)
+    return stored if isinstance(stored, dict) else {}
+
+
+def _keep_draft(request: HttpRequest, task: Task, form: str, data: Any) -> None:
+    """Keep what the operator typed for the page they are sent back to (one draft per task)."""
+    drafts = _drafts(request)
+    drafts[str(task.id)] = {
+        "form": form,
+        **{k: str(data.get(k, ""))[:2000] for k in ("reason", "answer", "scope", "escalate_to")},
+    }
+    request.session[DRAFT_KEY] = drafts
+
+
+def _take_draft(request: HttpRequest, task: Task) -> dict[str, Any]:
+    drafts = _drafts(request)
+    if str(task.id) not in drafts:
+        return {}
+    draft = drafts.pop(str(task.id))
+    request.session[DRAFT_KEY] = drafts
+    return draft if isinstance(draft, dict) else {}
+
+
+def _control_forms(
+    request: HttpRequest, task: Task, draft: dict[str, Any], last_check: TransitionEvent | None, in_doubt: int
+) -> list[dict[str, Any]]:
+    if not can_operate(request.user, task):
+        return []
+    triggers = {move["trigger"] for move in selectors.allowed_moves(request.user, task)}
+    offered = [name for name, trigger in controls.CONTROLS.items() if trigger in triggers]
+    forms = []
+    for name in offered:
+        initial: dict[str, Any] = {"expected_version": task.state_version}
+        if draft.get("form") == name:
+            initial.update({k: draft[k] for k in ("reason", "scope", "escalate_to") if draft.get(k)})
+        forms.append(
+            {
+                "name": name,
+                "form": ControlForm(control=name, auto_id=f"%s-{name}", initial=initial),
+                "help": control_help(name, task, last_check, in_doubt),
+                "destructive": name in DESTRUCTIVE,
+            }
+        )
+    return forms
+
+
+# --- views -------------------------------------------------------------------------------------------
+
+
+@require_safe
+@login_required
+def task_detail(request: HttpRequest, task_id: UUID) -> HttpResponse:
+    task = get_task_for_user(request.user, task_id)
+    draft = _take_draft(request, task)
+    context = {"task": task, **_page_context(request, task, draft)}
+    return render(request, "console/task_detail.html", context)
+
+
+def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> dict[str, Any]:
+    """Everything the page shows besides the task row. About twenty queries, none per event."""
+    now = timezone.now()
+    events = TransitionEvent.objects.filter(task=task)
+    latest = events.filter(state_version=task.state_version).first()
+    entry = (
+        events.filter(to_state=task.state).exclude(from_state=task.state).order_by("-state_version").first()
+    )
+    last_check = (
+        events.filter(
+            Q(from_state=State.RESUME_VALIDATION)
+            | (Q(to_state=State.QUARANTINED) & ~Q(from_state=State.QUARANTINED))
+        )
+        .order_by("-state_version")
+        .first()
+    )
+    stuck = Task.objects.filter(pk=task.pk).filter(selectors.stuck_condition(now)).exists()
+    lease = Lease.objects.filter(task=task, expires_at__gt=now).first()
+    ledger = selectors.ledger_summary(task)
+    in_doubt = sum(n for state, n in ledger.items() if state in ("intended", "dispatching", "unknown"))
+    checkpoint_context = _checkpoint_context(task, request.GET)
+    latest_point: Shown | None = checkpoint_context["latest_checkpoint"]
+    step = None
+    if latest_point is not None and latest_point.document is not None and task.task_type in registry.names():
+        step = registry.get(task.task_type).step(latest_point.document.step)
+    operate = can_operate(request.user, task)
+    answer_form = None
+    if operate and task.state == State.WAITING_INPUT and isinstance(step, registry.RequestInput):
+        answer_form = AnswerForm(
+            question=step.question,
+            initial={"expected_version": task.state_version, "answer": draft.get("answer", "")},
+        )
+    rerun_form = None
+    if operate and task.state in services.RERUNNABLE:
+        initial = {"idempotency_key": f"console-rerun:{uuid4()}"}
+        if draft.get("form") == "rerun":
+            initial["reason"] = draft.get("reason", "")
+        rerun_form = RerunForm(initial=initial)
+    return {
+        "why": _why(
+            task,
+            step=step,
+            lease=lease,
+            latest=latest,
+            entry=entry,
+            stuck=stuck,
+            unknown_effects=ledger.get("unknown", 0),
+        ),
+        "lease": lease,
+        "ledger": ledger,
+        "controls": _control_forms(request, task, draft, last_check, in_doubt),
+        "answer_form": answer_form,
+        "rerun_form": rerun_form,
+        "input_json": json.dumps(task.input, indent=2, sort_keys=True),
+        "outcome_json": json.dumps(task.outcome, indent=2, sort_keys=True)
+        if task.outcome is not None
+        else "",
+        "rerun_of": Task.objects.filter(pk=task.rerun_of_id).values("id", "state").first()
+        if task.rerun_of_id
+        else None,
+        "reruns": list(Task.objects.filter(rerun_of=task).order_by("id").values("id", "state")[:20]),
+        "actions": list(Action.objects.filter(task=task).order_by("id")[:ACTIONS_SHOWN]),
+        "actions_cap": ACTIONS_SHOWN,
+        "approvals": ApprovalRequest.objects.filter(task=task).order_by("-created_at")[:APPROVALS_SHOWN],
+        "takeovers": LeaseTakeover.objects.filter(task=task).order_by("-taken_at")[:TAKEOVERS_SHOWN],
+        **checkpoint_context,
+        **_timeline(task, request.GET),
+    }
+
+
+def _operable(request: HttpRequest, task_id: UUID) -> Task:
+    task = get_task_for_user(request.user, task_id)
+    if not can_operate(request.user, task):
+        raise PermissionDenied
+    return task
+
+
+def _conflict(request: HttpRequest, exc: StaleVersion) -> None:
+    messages.error(
+        request,
+        f"This task changed since you opened it (it is now {exc.state}, version {exc.state_version}). "
+        "Review it and try again: your text is kept below.",
+    )
+
+
+@login_required
+@require_POST
+def task_control(request: HttpRequest, task_id: UUID, control: str) -> HttpResponse:
+    if control not in controls.CONTROLS:
+        raise Http404("No such control")
+    task = _operable(request, task_id)
+    form = ControlForm(request.POST, control=control)
+    if not form.is_valid():
+        _keep_draft(request, task, control, request.POST)
+        stale = form.cleaned_data.get("expected_version") not in (None, task.state_version)
+        if set(form.errors) == {"confirm"} and stale:
+            # Confirming a page that is out of date would confirm the wrong thing: say so first.
+            _conflict(request, StaleVersion("stale page", state=task.state, state_version=task.state_version))
+        else:
+            messages.error(request, form.problem())
+        return redirect("console:task", task_id=task.id)
+    data = {k: v for k, v in form.cleaned_data.items() if k != "confirm" and v not in ("", None)}
+    try:
+        result = controls.task_control(
+            task, control, user=request.user, roles=selectors.roles_in(request.user, task), **data
+        )
+    except StaleVersion as exc:
+        _keep_draft(request, task, control, request.POST)
+        _conflict(request, exc)
+    except TransitionNotAllowed as exc:
+        _keep_draft(request, task, control, request.POST)
+        messages.error(request, f"Not possible: {exc}")
+    except CheckpointUnreadable as exc:
+        messages.error(request, f"The task's checkpoint cannot be read ({exc.reason}); it needs quarantine.")
+    else:
+        note = f" ({result.note})" if result.note else ""
+        if result.applied:
+            messages.success(
+                request, f"{control.title()} applied; the task is now {result.task.state}.{note}"
+            )
+        else:
+            messages.info(request, f"Nothing changed: the task is {result.task.state}.{note}")
+    return redirect("console:task", task_id=task.id)
+
+
+@login_required
+@require_POST
+def task_answer(request: HttpRequest, task_id: UUID) -> HttpResponse:
+    """Answer a task in ``waiting_input`` as an operator (``tasks.services.task_provide_input``)."""
+    task = _operable(request, task_id)
+    form = AnswerForm(request.POST)
+    if not form.is_valid():
+        _keep_draft(request, task, "answer", request.POST)
+        messages.error(request, form.problem())
+        return redirect("console:task", task_id=task.id)
+    actor = Actor.user(request.user, ActorKind.OPERATOR)
+    try:
+        delivery = services.task_provide_input(
+            task,
+            expected_version=form.cleaned_data["expected_version"],
+            answer=form.cleaned_data["answer"],
+            actor=actor,
+        )
+    except StaleVersion as exc:
+        _keep_draft(request, task, "answer", request.POST)
+        _conflict(request, exc)
+    except (TransitionNotAllowed, CheckpointUnreadable) as exc:
+        _keep_draft(request, task, "answer", request.POST)
+        messages.error(request, f"Not possible: {exc}")
+    else:
+        if delivery.applied:
+            messages.success(request, f"Answer recorded; the task is now {delivery.task.state}.")
+        else:
+            messages.info(request, f"Nothing changed: {delivery.note}.")
+    return redirect("console:task", task_id=task.id)
+
+
+@login_required
+@require_POST
+def task_rerun(request: HttpRequest, task_id: UUID) -> HttpResponse:
+    """Start a new task that reruns a failed, expired or canceled one (``tasks.services.task_rerun``)."""
+    task = _operable(request, task_id)
+    form = RerunForm(request.POST)
+    if not form.is_valid():
+        _keep_draft(request, task, "rerun", request.POST)
+        messages.error(request, form.problem())
+        return redirect("console:task", task_id=task.id)
+    try:
+        rerun, created = services.task_rerun(
+            task,
+            actor=Actor.user(request.user, ActorKind.OPERATOR),
+            reason=form.cleaned_data["reason"],
+            idempotency_key=form.cleaned_data["idempotency_key"] or None,
+        )
+    except (TransitionNotAllowed, services.InvalidTaskInput, services.IdempotencyConflict) as exc:
+        _keep_draft(request, task, "rerun", request.POST)
+        messages.error(request, f"Not rerun: {exc}")
+        return redirect("console:task", task_id=task.id)
+    if created:
+        messages.success(request, f"Rerun started: this task reruns {task.id}.")
+    else:
+        messages.info(request, "This rerun was already started (the form was sent twice).")
+    return redirect("console:task", task_id=rerun.id)

@@ -1,0 +1,258 @@
+"""Bulk operator actions: one control over many tasks, with one reason, tracked as a batch.
+
+``bulk_create`` snapshots what the operator confirmed (each task at its version
+then) into ``pending`` results. ``bulk_run`` settles them: every task goes through
+``controls.task_control`` at the confirmed version, so a task that moved since is
+recorded ``stale`` and left alone — a bulk action never overwrites. Small
+operations run in the request; larger ones (over ``SYNC_LIMIT``) are rung to a
+Celery worker (``runtime.workers.bulk_run``) and picked up by ``run_worker``'s
+loop too (``run_pending``): whoever claims the operation first runs it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
+
+from config.celery import app
+from runtime import controls
+from runtime.models import BulkOperation, BulkResult, BulkStatus, Outcome
+from tasks.checkpoints import CheckpointUnreadable
+from tasks.exceptions import StaleVersion, TransitionNotAllowed
+from tasks.models import Task
+from tenancy.models import Role
+from tenancy.selectors import roles_by_tenant
+
+log = logging.getLogger(__name__)
+
+SYNC_LIMIT = 200  # up to this many tasks run in the request; more go to a worker
+MAX_TASKS = 10_000  # one operation's ceiling: past it, the operator narrows the filter
+CHUNK = 50  # results settled between two progress updates
+# A runner whose heartbeat is older than this is presumed dead: another may take the operation over.
+RUNNER_TIMEOUT = timedelta(seconds=120)
+OPERATE_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
+
+
+class BulkRefused(Exception):
+    """The operation was not created (no reason, unknown control, nothing or too much selected)."""
+
+
+def bulk_create(
+    *,
+    user: Any,
+    control: str,
+    reason: str,
+    tasks: QuerySet[Task],
+    selection: dict[str, Any],
+    scope: str = "",
+    escalate_to: str = "",
+    now: datetime | None = None,
+) -> BulkOperation:
+    """Record the operation and one ``pending`` result per task of ``tasks`` at its current version.
+
+    ``tasks`` is already scoped to what ``user`` may see (the caller's selector).
+    Refuses (``BulkRefused``) an unknown control, a blank reason, an empty
+    selection or more than ``MAX_TASKS`` tasks. Rings a worker after commit when
+    the operation is larger than ``SYNC_LIMIT``; the caller runs smaller ones.
+    """
+    reason = reason.strip()
+    if control not in controls.CONTROLS:
+        raise BulkRefused(f"No such control: {control}")
+    if not reason:
+        raise BulkRefused("A reason is required.")
+    rows = list(tasks.order_by("id").values_list("id", "tenant_id", "state_version")[: MAX_TASKS + 1])
+    if not rows:
+        raise BulkRefused("No tasks are selected.")
+    if len(rows) > MAX_TASKS:
+        raise BulkRefused(f"More than {MAX_TASKS} tasks match: narrow the filter.")
+    with transaction.atomic():
+        operation = BulkOperation.objects.create(
+            created_by=user,
+            created_by_name=user.get_username(),
+            created_at=now or timezone.now(),
+            control=control,
+            reason=reason,
+            scope=scope if control == "cancel" else "",
+            escalate_to=escalate_to if control == "escalate" else "",
+            selection=selection,
+            total=len(rows),
+        )
+        BulkResult.objects.bulk_create(
+            [
+                BulkResult(
+                    operation=operation, task_id=task_id, tenant_id=tenant_id, expected_version=version
+                )
+                for task_id, tenant_id, version in rows
+            ],
+            batch_size=1000,
+        )
+        if operation.total > SYNC_LIMIT:
+            transaction.on_commit(functools.partial(ring, operation.id))
+    return operation
+
+
+def ring(operation_id: UUID) -> None:
+    """Wake a Celery worker for a large operation. Best effort: ``run_worker`` finds it anyway."""
+    try:
+        app.send_task("runtime.bulk_run", args=[str(operation_id)], retry=False)
+    except Exception:  # a broker outage must never fail the request that committed the operation
+        log.warning("bulk doorbell failed; run_worker will pick the operation up", exc_info=True)
+
+
+@dataclass(frozen=True)
+class _Settled:
+    outcome: Outcome
+    detail: str = ""
+    state: str = ""  # the task's state and version as the control left (or found) it
+    version: int | None = None
+
+
+def bulk_run(
+    operation_id: UUID | str,
+    *,
+    runner: str,
+    budget: int | None = None,
+    clock: Callable[[], datetime] = timezone.now,
+) -> BulkOperation:
+    """Settle the operation's pending results; return it as it stands afterwards.
+
+    1. claim it: ``queued``, already ours, or ``running`` under a runner silent for
+       ``RUNNER_TIMEOUT`` (it died); otherwise someone else runs it — return;
+    2. take the next ``CHUNK`` pending results (id order) and apply the control to
+       each at its confirmed version, settling each result once;
+    3. recount the results into the progress counters and beat the heartbeat; a
+       runner that lost its claim stops here;
+    4. repeat until none is pending (``done``) or ``budget`` results were settled.
+    Must not run inside a transaction: each control is its own durable commit.
+    """
+    now = clock()
+    claimed = (
+        BulkOperation.objects.filter(pk=operation_id)
+        .filter(
+            Q(status=BulkStatus.QUEUED)
+            | Q(status=BulkStatus.RUNNING, runner=runner)
+            | Q(status=BulkStatus.RUNNING, heartbeat_at__lt=now - RUNNER_TIMEOUT)
+        )
+        .update(status=BulkStatus.RUNNING, runner=runner, heartbeat_at=now)
+    )
+    operation = BulkOperation.objects.get(pk=operation_id)
+    if not claimed:
+        return operation
+    user = None
+    if operation.created_by_id is not None:  # an account deleted since: every task is refused
+        user = get_user_model().objects.filter(pk=operation.created_by_id).first()
+    settled = 0
+    while budget is None or settled < budget:
+        size = CHUNK if budget is None else min(CHUNK, budget - settled)
+        chunk = list(operation.results.filter(outcome=Outcome.PENDING).order_by("id")[:size])
+        for result in chunk:
+            _settle(result, _apply(operation, result, user), clock())
+        settled += len(chunk)
+        still_ours = _record_progress(operation, runner, finished=len(chunk) < size, now=clock())
+        if not still_ours or len(chunk) < size:
+            break
+    operation.refresh_from_db()
+    return operation
+
+
+def run_pending(runner: str, *, budget: int = CHUNK * 4) -> int:
+    """``run_worker``'s share: advance the oldest claimable unfinished operation. Returns results settled."""
+    now = timezone.now()
+    operation = (
+        BulkOperation.objects.exclude(status=BulkStatus.DONE)
+        .filter(
+            # Small operations run in their request: only one whose request died is ours to finish.
+            Q(status=BulkStatus.QUEUED, total__gt=SYNC_LIMIT)
+            | Q(status=BulkStatus.QUEUED, created_at__lt=now - RUNNER_TIMEOUT)
+            | Q(runner=runner)
+            | Q(status=BulkStatus.RUNNING, heartbeat_at__lt=now - RUNNER_TIMEOUT)
+        )
+        .order_by("created_at")
+        .first()
+    )
+    if operation is None:
+        return 0
+    before = operation.done
+    return bulk_run(operation.id, runner=runner, budget=budget).done - before
+
+
+def _apply(operation: BulkOperation, result: BulkResult, user: Any) -> _Settled:
+    task = Task.objects.filter(pk=result.task_id).first()
+    if task is None:
+        return _Settled(Outcome.REFUSED, "the task no longer exists")
+    roles = roles_by_tenant(user).get(task.tenant_id, frozenset()) if user is not None else frozenset()
+    if not roles & OPERATE_ROLES:
+        return _Settled(
+            Outcome.REFUSED, "no operator or admin role in the task's tenant", task.state, task.state_version
+        )
+    options: dict[str, str] = {}
+    if operation.scope:
+        options["scope"] = operation.scope
+    if operation.escalate_to:
+        options["escalate_to"] = operation.escalate_to
+    try:
+        done = controls.task_control(
+            task,
+            operation.control,
+            user=user,
+            roles=roles,
+            expected_version=result.expected_version,
+            reason=f"{operation.reason} (bulk {operation.id})",
+            **options,
+        )
+    except StaleVersion as exc:
+        return _Settled(
+            Outcome.STALE,
+            f"changed since confirmed: now {exc.state} v{exc.state_version}, "
+            f"confirmed at v{result.expected_version}",
+            exc.state or "",
+            exc.state_version,
+        )
+    except TransitionNotAllowed as exc:
+        return _Settled(Outcome.REFUSED, str(exc), exc.state or task.state, exc.state_version)
+    except CheckpointUnreadable as exc:
+        return _Settled(
+            Outcome.REFUSED, f"checkpoint unreadable ({exc.reason})", task.state, task.state_version
+        )
+    outcome = Outcome.APPLIED if done.applied else Outcome.UNCHANGED
+    return _Settled(outcome, done.note, done.task.state, done.task.state_version)
+
+
+def _settle(result: BulkResult, settled: _Settled, now: datetime) -> None:
+    """Write the result once: a pending row only, so a taken-over operation never rewrites one."""
+    BulkResult.objects.filter(pk=result.pk, outcome=Outcome.PENDING).update(
+        outcome=settled.outcome,
+        detail=settled.detail[:2000],
+        state_after=settled.state,
+        version_after=settled.version,
+        settled_at=now,
+    )
+
+
+def _record_progress(operation: BulkOperation, runner: str, *, finished: bool, now: datetime) -> bool:
+    """Counters from the results themselves (one GROUP BY on the operation's index), and the heartbeat."""
+    rows = operation.results.values("outcome").annotate(n=Count("id")).order_by()
+    counts = {row["outcome"]: row["n"] for row in rows}
+    fields: dict[str, Any] = {
+        outcome.value: counts.get(outcome.value, 0)
+        for outcome in (Outcome.APPLIED, Outcome.UNCHANGED, Outcome.REFUSED, Outcome.STALE)
+    }
+    fields["done"] = sum(fields.values())
+    fields["heartbeat_at"] = now
+    if finished or fields["done"] >= operation.total:
+        fields.update(status=BulkStatus.DONE, finished_at=now)
+    return bool(
+        BulkOperation.objects.filter(pk=operation.pk, status=BulkStatus.RUNNING, runner=runner).update(
+            **fields
+        )
+    )

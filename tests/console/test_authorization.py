@@ -1,0 +1,203 @@
+"""Who gets what from every console URL: the whole URL conf × the whole cast, as one explicit table.
+
+The test enumerates ``console.urls.urlpatterns`` itself: a page added there
+without a row in ``EXPECTED`` fails (``test_every_console_url_has_a_row``, and
+its own parametrized cases), and so does a path parameter nobody taught
+``PARAMS`` to fill. Rows name the answer each view intends for anonymous
+visitors, an operator of another tenant (``outsider``, globex) and each role of
+acme; writes are POSTed with a valid body, so "allowed" means the write really
+happened and "refused" that it did not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import URLPattern, URLResolver, reverse
+
+from approvals.models import ApprovalRequest
+from console.urls import urlpatterns
+from tasks.models import Task
+from tests.conftest import make_task
+
+pytestmark = pytest.mark.django_db
+
+ROLES = ("anonymous", "outsider", "auditor", "operator", "approver", "admin")
+USER_FIXTURES = {
+    "outsider": "outsider",
+    "auditor": "auditor",
+    "operator": "operator",
+    "approver": "approver",
+    "admin": "admin_user",
+}
+
+# Answers. LOGIN: 302 to the login page. REDIRECT: 302 elsewhere (GET pages that only route).
+# DONE: a POST that was carried out (302 onwards, and the write is in the database).
+# REFUSED: a POST answered 302 with an error message, and nothing written.
+# PASSED: a POST past the access check (302 back to the page, not 403/404); whether it could act
+# depends on the task's state, which this matrix does not vary.
+LOGIN, REDIRECT, DONE, REFUSED, PASSED = "login", "redirect", "done", "refused", "passed"
+
+
+@dataclass(frozen=True)
+class Row:
+    method: str
+    answers: dict[str, int | str]
+
+
+def row(method: str, anonymous, outsider, auditor, operator, approver, admin) -> Row:
+    return Row(
+        method, dict(zip(ROLES, (anonymous, outsider, auditor, operator, approver, admin), strict=True))
+    )
+
+
+# One row per console URL name, columns in ROLES order:
+#            method  anonymous outsider  auditor  operator  approver  admin
+EXPECTED: dict[str, Row] = {
+    # Lists are scoped, never refused: another tenant's operator sees their own (empty) list.
+    "queue": row("GET", LOGIN, 200, 200, 200, 200, 200),
+    "task": row("GET", LOGIN, 404, 200, 200, 200, 200),
+    # Controls: operators and admins; other roles of the tenant 403, other tenants 404.
+    "task-control": row("POST", LOGIN, 404, 403, DONE, 403, DONE),
+    "task-answer": row("POST", LOGIN, 404, 403, PASSED, 403, PASSED),
+    "task-rerun": row("POST", LOGIN, 404, 403, PASSED, 403, PASSED),
+    "landing": row("GET", LOGIN, REDIRECT, REDIRECT, REDIRECT, REDIRECT, REDIRECT),
+    "approvals": row("GET", LOGIN, 200, 200, 200, 200, 200),
+    "approval": row("GET", LOGIN, 404, 200, 200, 200, 200),
+    # Deciding is refused by approval_decide's service (ApprovalRefused) with a message, not a 403.
+    "approval-decide": row("POST", LOGIN, 404, REFUSED, REFUSED, DONE, REFUSED),
+    # The audit log: auditors, operators, admins (AUDIT_ROLES); approvers 403 (separation of duties).
+    "audit": row("GET", LOGIN, 200, 200, 200, 403, 200),
+    "audit-export": row("GET", LOGIN, 200, 200, 200, 403, 200),
+    "audit-task": row("GET", LOGIN, 404, 200, 200, 403, 200),
+    "audit-task-export": row("GET", LOGIN, 404, 200, 200, 403, 200),
+    # Quarantine triage: QUARANTINE_ROLES; approvers have their inbox instead.
+    "quarantine": row("GET", LOGIN, 200, 200, 200, 403, 200),
+    # A display preference: anyone signed in, no object behind it.
+    "theme": row("POST", LOGIN, REDIRECT, REDIRECT, REDIRECT, REDIRECT, REDIRECT),
+    # The queue as CSV: scoped like the queue.
+    "queue-export": row("GET", LOGIN, 200, 200, 200, 200, 200),
+    # Bulk preview: operators and admins of some tenant (another tenant's operator passes the role
+    # check; the bare GET without a control is a 400 form error, and the selection is scoped anyway).
+    "bulk-preview": row("GET", LOGIN, 400, 403, 400, 403, 400),
+    # A bulk report: its creator (the operator here), or who audits every tenant it touched.
+    "bulk-report": row("GET", LOGIN, 404, 200, 200, 404, 200),
+}
+
+
+def _world(acme, operator) -> SimpleNamespace:
+    """Real objects of tenant acme, one per kind of path parameter.
+
+    A task waiting for an approval, its request, and a bulk operation the
+    operator started over another task (not run: its report exists from creation).
+    """
+    from runtime import bulk
+    from tests.console.test_approvals import ask
+
+    approval = ask(make_task(acme, objective="Matrix refund"))
+    other = make_task(acme, objective="Matrix bulk target")
+    operation = bulk.bulk_create(
+        user=operator, control="cancel", reason="matrix", tasks=Task.objects.filter(pk=other.pk), selection={}
+    )
+    return SimpleNamespace(task=Task.objects.get(pk=approval.task_id), approval=approval, operation=operation)
+
+
+# How to fill each path parameter (by its name in the pattern). A parameter missing here fails.
+PARAMS: dict[str, Callable[[SimpleNamespace], Any]] = {
+    "task_id": lambda w: w.task.id,
+    "request_id": lambda w: w.approval.id,
+    "operation_id": lambda w: w.operation.id,
+    "control": lambda w: "cancel",
+    "fmt": lambda w: "csv",
+}
+
+
+# What a POST sends (a body the view accepts from a permitted user) and how to see that it acted.
+def _post_body(name: str, world: SimpleNamespace) -> dict[str, Any]:
+    if name == "task-control":
+        return {"expected_version": world.task.state_version, "reason": "matrix", "confirm": "on"}
+    if name == "approval-decide":
+        return {"decision": "reject", "digest": world.approval.digest, "comment": "matrix"}
+    if name == "task-answer":
+        return {"expected_version": world.task.state_version, "answer": "matrix"}
+    if name == "task-rerun":
+        return {"reason": "matrix"}
+    if name == "theme":
+        return {"theme": "dark", "next": "/console/"}
+    return {}
+
+
+def _acted(name: str, world: SimpleNamespace) -> bool | None:
+    """Whether the POST changed something (None: nothing to observe in the database)."""
+    if name == "task-control":
+        return Task.objects.get(pk=world.task.pk).state_version != world.task.state_version
+    if name == "approval-decide":
+        return ApprovalRequest.objects.get(pk=world.approval.pk).status != "pending"
+    return None
+
+
+def _patterns() -> list[URLPattern]:
+    found = []
+    for entry in urlpatterns:
+        assert not isinstance(entry, URLResolver), f"console.urls includes {entry}: list its pages here too"
+        found.append(entry)
+    return found
+
+
+def _url(pattern: URLPattern, world: SimpleNamespace) -> str:
+    names = list(pattern.pattern.converters)
+    unknown = [name for name in names if name not in PARAMS]
+    if unknown:
+        pytest.fail(f"console:{pattern.name} has path parameters {unknown} that PARAMS cannot fill")
+    return reverse(f"console:{pattern.name}", kwargs={name: PARAMS[name](world) for name in names})
+
+
+def test_every_console_url_has_a_row():
+    names = [pattern.name for pattern in _patterns()]
+    assert None not in names, "every console URL needs a name (the matrix is keyed by it)"
+    assert sorted(set(names) - set(EXPECTED)) == [], "console URLs without a row in EXPECTED"
+    assert sorted(set(EXPECTED) - set(names)) == [], "rows in EXPECTED for URLs that are gone"
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("pattern", _patterns(), ids=lambda p: p.name or str(p.pattern))
+def test_the_answer_matches_the_matrix(request, pattern, role, acme, operator):
+    if pattern.name not in EXPECTED:
+        pytest.fail(f"console:{pattern.name} ({pattern.pattern}) has no row in EXPECTED")
+    expected = EXPECTED[pattern.name]
+    world = _world(acme, operator)
+    url = _url(pattern, world)
+    client = Client()
+    if role != "anonymous":
+        client.force_login(request.getfixturevalue(USER_FIXTURES[role]))
+
+    if expected.method == "GET":
+        response = client.get(url)
+    else:
+        assert client.get(url).status_code in (302, 404, 405), "a POST endpoint answers GET without acting"
+        response = client.post(url, _post_body(pattern.name, world))
+    want = expected.answers[role]
+    got = response.status_code
+    where = response.get("Location", "")
+
+    if want == LOGIN:
+        assert got == 302 and where.startswith("/accounts/login/"), (got, where)
+    elif want in (REDIRECT, DONE, REFUSED, PASSED):
+        assert got == 302 and not where.startswith("/accounts/login/"), (got, where)
+        acted = _acted(pattern.name, world)
+        if want == DONE:
+            assert acted in (True, None), "allowed, but the write did not happen"
+        elif want == REFUSED:
+            assert acted is False, "refused, but the write happened"
+    else:
+        assert got == want, (got, where)
+        if expected.method == "POST":
+            assert _acted(pattern.name, world) in (False, None), "refused, but the write happened"
+    if role == "outsider" and got == 200:
+        body = b"".join(response.streaming_content) if response.streaming else response.content
+        assert str(world.task.id).encode() not in body, "another tenant's task leaked into the page"

@@ -1,0 +1,167 @@
+"""The console queue: search, filters, the per-state summary, sorting, CSV export, bounded queries."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.utils import timezone
+
+from tasks import selectors
+from tasks.models import Task
+from tasks.states import State
+from tasks.transitions import Actor, advance
+from tests.conftest import REFUND_INPUT, api_client_for, make_task
+
+pytestmark = pytest.mark.django_db
+INVOICE = {"invoice_id": "INV-1", "amount": "5.00"}
+
+
+def client_for(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def listed(user, **params) -> str:
+    response = client_for(user).get("/console/", params)
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def test_search_finds_a_task_by_id_prefix_short_id_objective_key_and_input_reference(operator, acme):
+    target = make_task(
+        acme,
+        objective="Refund the cracked teapot",
+        idempotency_key="shop-77-refund",
+        input={**REFUND_INPUT, "order_id": "ORD-55321"},
+    )
+    other = make_task(acme, objective="Refund a scarf")
+    hex_id = target.id.hex
+    for term in (str(target.id)[:13], hex_id[-8:], "cracked TEAPOT", "shop-77", "ORD-55321", str(target.id)):
+        page = listed(operator, q=term)
+        assert str(target.id) in page and str(other.id) not in page, term
+
+
+def test_search_needs_three_characters(operator, acme):
+    make_task(acme)
+    assert "at least 3 characters" in listed(operator, q="ab")
+
+
+def test_search_never_reaches_another_tenant(operator, outsider, acme, globex):
+    make_task(globex, objective="Refund the globex teapot")
+    assert "No tasks match." in listed(operator, q="teapot")
+    assert 'value="globex"' not in listed(operator)  # the tenant select offers the user's tenants only
+
+
+def test_each_filter_narrows_the_queue(operator, acme, settings):
+    settings.STUCK_AFTER = 60
+    plain = make_task(acme, objective="Plain one")
+    other_type = make_task(acme, objective="Invoice one", task_type="pay_invoice", input=INVOICE)
+    eu = make_task(acme, objective="European one", region="eu")
+    escalated = make_task(acme, objective="Escalated one")
+    advance(escalated.id, 1, State.READY, actor=Actor.system("t"), trigger="escalate", escalation_level=1)
+    held = make_task(acme, objective="Held one")
+    advance(held.id, 1, State.QUARANTINED, actor=Actor.system("t"), reason_code="checkpoint_corrupt")
+    old = make_task(acme, objective="Old one")
+    Task.objects.filter(pk=old.id).update(state_entered_at=timezone.now() - timedelta(days=2))
+    cases = {
+        "task_type": ("pay_invoice", other_type),
+        "region": ("eu", eu),
+        "escalated": ("true", escalated),
+        "reason": ("checkpoint_corrupt", held),
+        "age": ("1d", old),
+        "stuck": ("true", old),  # ready, unleased, for longer than STUCK_AFTER
+        "tenant": ("acme", plain),
+    }
+    for name, (value, expected) in cases.items():
+        page = listed(operator, **{name: value})
+        assert expected.objective in page, name
+        if name != "tenant":
+            assert "Plain one" not in page, name
+
+
+def test_the_summary_counts_live_states_and_caps_finished_ones(operator, outsider, acme, globex):
+    for _ in range(2):
+        make_task(acme)
+    held = make_task(acme)
+    advance(held.id, 1, State.QUARANTINED, actor=Actor.system("t"), reason_code="checkpoint_corrupt")
+    done = make_task(acme)
+    advance(done.id, 1, State.COMPLETED, actor=Actor.worker("w"), trigger="complete")
+    make_task(globex)
+    live, finished = selectors.state_counts([acme.id], cap=10)
+    assert live == {State.READY: 2, State.QUARANTINED: 1} and finished == 1
+    assert selectors.state_counts([acme.id], cap=0)[1] == 1  # capped: "0+" means "more than 0"
+    page = listed(operator)
+    assert 'state=ready" class="count"' in page and "<strong>2</strong>" in page
+
+
+def test_the_queue_sorts_by_age_in_state_and_pages_by_cursor(operator, acme, monkeypatch):
+    monkeypatch.setattr("console.views.PAGE", 2)
+    tasks = [make_task(acme, objective=f"Task number {n}") for n in range(3)]
+    for n, task in enumerate(tasks):  # the newest task has waited longest
+        Task.objects.filter(pk=task.id).update(state_entered_at=timezone.now() - timedelta(hours=n + 1))
+    first = listed(operator, sort="age")
+    assert first.index("Task number 2") < first.index("Task number 1") and "Task number 0" not in first
+    next_link = first.split('rel="next"')[0].rsplit('href="?', 1)[1].split('"')[0].replace("&amp;", "&")
+    second = client_for(operator).get(f"/console/?{next_link}").content.decode()
+    assert "Task number 0" in second and "Task number 2" not in second
+
+
+def test_rows_link_from_their_first_cell(operator, acme):
+    task = make_task(acme)
+    assert f'href="/console/tasks/{task.id}/" title="{task.id}" class="row-link"' in listed(operator)
+
+
+def test_the_csv_export_streams_the_filtered_list(operator, outsider, acme, globex):
+    wanted = make_task(acme, objective="=HYPERLINK(bad) refund")
+    make_task(acme, objective="Not this one", task_type="pay_invoice", input=INVOICE)
+    make_task(globex, objective="Not theirs")
+    response = client_for(operator).get("/console/export.csv", {"task_type": "refund_request"})
+    assert response.streaming and response["Content-Type"].startswith("text/csv")
+    body = b"".join(response.streaming_content).decode()
+    lines = body.strip().splitlines()
+    assert lines[0].startswith("id,tenant,task_type,state") and len(lines) == 2
+    assert str(wanted.id) in lines[1] and "'=HYPERLINK(bad) refund" in lines[1]
+
+
+def test_keyset_chunks_walk_every_row_once(acme):
+    made = {make_task(acme).id for _ in range(5)}
+    seen = [t.id for chunk in selectors.keyset_chunks(Task.objects.all(), size=2) for t in chunk]
+    assert set(seen) == made and len(seen) == 5
+
+
+def test_the_queue_runs_a_bounded_number_of_queries(operator, acme, django_assert_max_num_queries):
+    client = client_for(operator)
+    client.get("/console/")  # warm the session
+    for _ in range(3):
+        make_task(acme)
+    with django_assert_max_num_queries(9) as few:
+        client.get("/console/", {"q": "Refund", "state": "ready", "sort": "age"})
+    for _ in range(30):
+        make_task(acme)
+    with django_assert_max_num_queries(len(few.captured_queries)):
+        client.get("/console/", {"q": "Refund", "state": "ready", "sort": "age"})
+
+
+def test_the_api_list_takes_the_same_search_and_filters(operator, outsider, acme, globex):
+    target = make_task(acme, input={**REFUND_INPUT, "order_id": "ORD-9"}, region="eu")
+    make_task(acme)
+    make_task(globex, input={**REFUND_INPUT, "order_id": "ORD-9"})
+    body = api_client_for(operator).get("/api/tasks/", {"q": "ord-9", "region": "eu"}).json()
+    assert [row["id"] for row in body["results"]] == [str(target.id)]
+    assert api_client_for(operator).get("/api/tasks/", {"age": "ever"}).status_code == 400
+
+
+def test_the_search_uses_the_trigram_index(operator, acme):
+    make_task(acme)
+    filters = selectors.TaskFilter({"q": "ORD-55321"}, queryset=Task.objects.all())
+    sql, params = filters.qs.query.sql_with_params()
+    with connection.cursor() as cursor:  # a one-row table: forbid the scans a big one would not choose
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("SET LOCAL enable_indexscan = off")
+        cursor.execute(f"EXPLAIN {sql}", params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "task_search_trgm" in plan, plan

@@ -1,0 +1,134 @@
+"""seed_demo leaves, per tenant, a standing case of every kind an operator triages.
+
+Seeded twice (idempotent) on PostgreSQL; then the sweep, the reconciler and a
+worker round run in-process against the sandbox over real HTTP (``live_server``),
+as ``make demo`` runs them, and every standing case is still standing.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.conf import settings as django_settings
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from approvals.models import ApprovalRequest, ApprovalStatus
+from audit.models import TransitionEvent as Event
+from demo.management.commands.seed_demo import LONG_HISTORY, STUCK_REGION, TENANTS
+from demo.sandbox.models import Fault
+from ledger.models import Action, DispatchState
+from runtime.reconcile import reconcile_unknown
+from runtime.runner import run_available
+from runtime.sweep import sweep
+from tasks.models import Task
+from tasks.selectors import stuck_condition
+from tasks.states import State
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
+
+# demo-<key>: (state, state_reason) that must hold after seeding and after the runtime ran.
+STANDING = {
+    "input": (State.WAITING_INPUT, None),
+    "external": (State.WAITING_EXTERNAL, None),
+    "retry-long": (State.WAITING_RETRY, "evidence_unavailable"),
+    "quarantined": (State.QUARANTINED, "quarantine"),
+    "q-newer": (State.QUARANTINED, "checkpoint_schema_newer"),
+    "q-corrupt": (State.QUARANTINED, "checkpoint_corrupt"),
+    "q-unmigratable": (State.QUARANTINED, "checkpoint_unmigratable"),
+    "q-step-error": (State.QUARANTINED, "step_error"),
+    "q-tampered": (State.QUARANTINED, "checkpoint_digest_mismatch"),
+    "unknown": (State.OUTCOME_UNKNOWN, None),
+    "stuck": (State.READY, None),
+    "failed": (State.FAILED, "refund_rejected_by_approver"),
+    "approval": (State.WAITING_APPROVAL, "approval_requested"),
+    "reapproval": (State.WAITING_APPROVAL, "approval_requested"),
+    "long-history": (State.WAITING_EXTERNAL, None),
+}
+
+
+@pytest.fixture
+def demo(live_server, settings):
+    settings.DEBUG = True
+    settings.SANDBOX_BASE_URL = f"{live_server.url}/sandbox"
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    call_command("seed_demo")
+    return settings
+
+
+def by_key(slug: str) -> dict[str, Task]:
+    tasks = Task.objects.filter(tenant__slug=slug, idempotency_key__startswith="demo-")
+    return {task.idempotency_key.removeprefix("demo-"): task for task in tasks}
+
+
+def assert_standing(slug: str) -> dict[str, Task]:
+    tasks = by_key(slug)
+    for key, (state, reason) in STANDING.items():
+        task = tasks[key]
+        assert task.state == state, (slug, key, task.state, task.state_reason)
+        if reason is not None:
+            assert task.state_reason == reason, (slug, key, task.state_reason)
+    return tasks
+
+
+def test_seeding_twice_changes_nothing(demo):
+    counts = (
+        Task.objects.count(),
+        Event.objects.count(),
+        ApprovalRequest.objects.count(),
+        Fault.objects.count(),
+    )
+    call_command("seed_demo")
+    again = (
+        Task.objects.count(),
+        Event.objects.count(),
+        ApprovalRequest.objects.count(),
+        Fault.objects.count(),
+    )
+    assert again == counts
+
+
+def test_refuses_under_production_settings(settings):
+    settings.DEBUG = False
+    with pytest.raises(CommandError, match="production"):
+        call_command("seed_demo")
+
+
+def test_every_case_exists_per_tenant_and_stays_standing_while_the_runtime_runs(demo):
+    for slug in TENANTS:
+        tasks = assert_standing(slug)
+        assert tasks["stuck"].region == STUCK_REGION != django_settings.WORKER_REGION
+        assert tasks["long-history"].events.count() >= LONG_HISTORY
+        reapproval = ApprovalRequest.objects.filter(task=tasks["reapproval"]).order_by("created_at")
+        first, second = list(reapproval)
+        assert (first.status, second.status) == (ApprovalStatus.APPROVED, ApprovalStatus.PENDING)
+        assert first.evidence[0]["record_version"] == "1" and second.evidence[0]["record_version"] == "2"
+        assert first.digest != second.digest  # the payment asked about changed with the record
+        action = Action.objects.get(task=tasks["unknown"])
+        assert Fault.objects.filter(operation="lookup", params__key=action.idempotency_key).exists()
+
+    # What make demo runs, in-process: the sweep, the reconciler (past the escalation threshold,
+    # asking at once), worker rounds. The two "ready" tasks may complete; nothing standing moves.
+    demo.UNKNOWN_OUTCOME_ESCALATE_AFTER = 0
+    demo.LEDGER_LOOKUP_INTERVAL = 0
+    for _ in range(3):
+        sweep(lambda task_id, region: None)
+        reconcile_unknown()
+        while run_available(worker_id="test-worker", region=demo.WORKER_REGION, limit=20):
+            pass
+
+    later = timezone.now() + timedelta(seconds=demo.STUCK_AFTER + 1)
+    stuck = set(Task.objects.filter(stuck_condition(later)).values_list("idempotency_key", flat=True))
+    for slug in TENANTS:
+        tasks = assert_standing(slug)
+        unknown = tasks["unknown"]
+        assert unknown.escalation_level == 1 and unknown.escalated_to == "operator"
+        action = Action.objects.get(task=unknown)
+        assert action.dispatch_state == DispatchState.UNKNOWN
+        assert "503" in action.last_error
+        assert (
+            ApprovalRequest.objects.filter(task__tenant__slug=slug, status=ApprovalStatus.PENDING).count()
+            >= 2
+        )
+    assert {"demo-stuck", "demo-unknown"} <= stuck
