@@ -19,7 +19,7 @@ from uuid import UUID
 import django_filters
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
-from django.db.models import BooleanField, Exists, F, OuterRef, Q, QuerySet, Subquery
+from django.db.models import BooleanField, Exists, OuterRef, Q, QuerySet, Subquery
 from django.db.models.expressions import RawSQL
 from django.http import Http404
 from django.utils import timezone
@@ -117,13 +117,26 @@ def _holds_own_grants(user: Any) -> bool:
     return cached
 
 
+# The task still waits for exactly this request, checked row by row. Written as an EXISTS that
+# PostgreSQL keeps as a per-row filter (``OFFSET 0`` stops it turning into a join): as a join
+# it estimates ``state = 'waiting_approval' AND state_version = waiting_version`` as if the
+# two were independent (a few dozen live requests out of thousands), so it read and sorted
+# every pending request instead of walking ``approval_inbox_expiry`` / ``approval_inbox`` in
+# the page's order and stopping after one page (53 ms -> 1 ms at 10,000 pending, 100k tasks).
+# ``LIMIT 1 OFFSET 0`` is valid on SQLite too.
+_TASK_WAITS_FOR_IT = (
+    'EXISTS (SELECT 1 FROM "tasks_task" W WHERE W."id" = "approvals_approvalrequest"."task_id"'
+    ' AND W."state" = %s AND W."state_version" = "approvals_approvalrequest"."waiting_version"'
+    " LIMIT 1 OFFSET 0)"
+)
+
+
 def live_requests() -> QuerySet[ApprovalRequest]:
     """Pending, unexpired requests whose task still waits for exactly them (``is_live`` in SQL)."""
     return ApprovalRequest.objects.filter(
+        RawSQL(_TASK_WAITS_FOR_IT, (State.WAITING_APPROVAL.value,), BooleanField()),
         status=ApprovalStatus.PENDING,
         expires_at__gt=timezone.now(),
-        task__state=State.WAITING_APPROVAL,
-        task__state_version=F("waiting_version"),
     )
 
 

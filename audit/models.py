@@ -47,6 +47,8 @@ class TransitionEvent(models.Model):
             # The console's audit search and its export: a tenant's events newest first,
             # keyset-paged on (created_at, id) (audit.selectors.search_events).
             models.Index(fields=["tenant", "-created_at", "-id"], name="event_tenant_created"),
+            # The search by reason has a trigram GIN index on UPPER(reason), UPPER(reason_code),
+            # in migration 0007 only (PostgreSQL; an expression the SQLite demo cannot build).
         ]
 
     def __str__(self) -> str:

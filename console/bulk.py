@@ -12,14 +12,14 @@ from uuid import UUID
 
 from django import forms
 from django.contrib.auth.decorators import login_required
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from console.access import AUDIT_ROLES, tenant_ids_or_403
 from runtime import bulk, controls
-from runtime.models import BulkOperation, Outcome
+from runtime.models import BulkOperation, BulkResult, Outcome
 from tasks import selectors
 from tasks.models import Task
 from tenancy.models import Role
@@ -29,6 +29,7 @@ OPERATE = (Role.OPERATOR, Role.ADMIN)
 MAX_IDS = 500  # ticked rows per request; "everything matching" has no such limit (bulk.MAX_TASKS)
 SAMPLE = 20
 RESULTS_SHOWN = 500
+LIST_PAGE = 50
 # Not filters: the selection, the form and the paging travel beside them.
 NOT_FILTERS = ("ids", "target", "control", "reason", "scope", "escalate_to", "before", "after", "sort")
 
@@ -145,3 +146,36 @@ def report(request: HttpRequest, operation_id: UUID) -> HttpResponse:
         "limit": RESULTS_SHOWN,
     }
     return render(request, "console/bulk_report.html", context)
+
+
+def visible_operations(user: Any) -> QuerySet[BulkOperation]:
+    """The operations whose report ``user`` may open (the rule of ``_operation_for``, as one query).
+
+    Their own, or one whose every touched tenant is a tenant where they hold an audit role.
+    """
+    mine = Q(created_by_id=user.pk)
+    audit_tenants = tenant_ids_for(user, AUDIT_ROLES)
+    if not audit_tenants:
+        return BulkOperation.objects.filter(mine)
+    results = BulkResult.objects.filter(operation=OuterRef("pk"))
+    readable = Exists(results) & ~Exists(results.exclude(tenant_id__in=audit_tenants))
+    return BulkOperation.objects.filter(mine | readable)
+
+
+@login_required
+def operations(request: HttpRequest) -> HttpResponse:
+    """Past bulk operations, newest first (ids are UUIDv7: time ordered), keyset paged on ``before``."""
+    found = visible_operations(request.user)
+    try:
+        before: UUID | None = UUID(request.GET.get("before", ""))
+    except ValueError:  # absent or mangled cursor: the first page
+        before = None
+    if before is not None:
+        found = found.filter(id__lt=before)
+    rows = list(found.defer("selection").order_by("-id")[: LIST_PAGE + 1])
+    context = {
+        "operations": rows[:LIST_PAGE],
+        "next_before": str(rows[LIST_PAGE - 1].id) if len(rows) > LIST_PAGE else "",
+        "first_page": before is None,
+    }
+    return render(request, "console/bulk_list.html", context)

@@ -27,6 +27,7 @@ from django.db.models import OuterRef, Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.cache import patch_vary_headers
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST, require_safe
@@ -461,8 +462,30 @@ def _control_forms(
 def task_detail(request: HttpRequest, task_id: UUID) -> HttpResponse:
     task = get_task_for_user(request.user, task_id)
     draft = _take_draft(request, task)
-    context = {"task": task, **_page_context(request, task, draft)}
-    return render(request, "console/task_detail.html", context)
+    context = {"task": task, **_page_context(request, task, draft), **_live_context(request, task)}
+    response = render(request, "console/task_detail.html", context)
+    patch_vary_headers(response, ["HX-Request"])
+    return response
+
+
+def _live_context(request: HttpRequest, task: Task) -> dict[str, Any]:
+    """The live refresh: a non-terminal task re-reads itself, remembering the version first shown.
+
+    ``seen`` travels in the refresh's URL, so the page can say the task moved on since it was
+    opened (its controls, which are not refreshed, then carry an older version).
+    """
+    try:
+        seen = int(request.GET.get("seen", ""))
+    except ValueError:
+        seen = task.state_version
+    params = request.GET.copy()
+    params["seen"] = str(seen)
+    return {
+        "live": task.state not in TERMINAL,
+        "live_url": f"{request.path}?{params.urlencode()}",
+        "seen_version": seen,
+        "moved": seen != task.state_version,
+    }
 
 
 def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> dict[str, Any]:

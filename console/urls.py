@@ -1,6 +1,6 @@
 from django.urls import path
 
-from console import audit, bulk, preferences, quarantine, task_page, views
+from console import audit, bulk, preferences, quarantine, saved_views, task_page, views
 from console import queue as queue_export
 
 app_name = "console"
@@ -23,6 +23,9 @@ urlpatterns = [
     path("quarantine/", quarantine.triage, name="quarantine"),
     path("theme/", preferences.theme, name="theme"),
     path("export.csv", queue_export.export_csv, name="queue-export"),
+    path("views/", saved_views.save, name="saved-view-save"),
+    path("views/<int:view_id>/delete/", saved_views.delete, name="saved-view-delete"),
+    path("bulk/", bulk.operations, name="bulk-list"),
     path("bulk/new/", bulk.preview, name="bulk-preview"),
     path("bulk/<uuid:operation_id>/", bulk.report, name="bulk-report"),
 ]

@@ -8,6 +8,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 
 from approvals import selectors as approval_selectors
@@ -19,7 +20,7 @@ from runtime.controls import CONTROLS
 from tasks.checkpoints import CheckpointUnreadable
 from tasks.states import State
 from tenancy.models import Role
-from tenancy.selectors import tenant_ids_for, tenants_for
+from tenancy.selectors import saved_views_for, tenant_ids_for, tenants_for
 
 PAGE = 50
 
@@ -28,6 +29,11 @@ PAGE = 50
 def queue(request):
     filters, tasks = queue_parts.filtered(request, request.GET)
     page = queue_parts.page(tasks, request.GET, size=PAGE)
+    can_bulk = bool(tenant_ids_for(request.user, [Role.OPERATOR, Role.ADMIN]))
+    if request.htmx:  # the live refresh: the visible page's rows only
+        rows = render(request, "console/queue_rows.html", {"tasks": page.tasks, "can_bulk": can_bulk})
+        patch_vary_headers(rows, ["HX-Request"])
+        return rows
     params = request.GET.copy()
     for key in ("before", "after"):
         params.pop(key, None)
@@ -42,10 +48,13 @@ def queue(request):
         "query_without_state": without_state.urlencode(),
         "counts": queue_parts.summary(request),
         "states": State,
-        "can_bulk": bool(tenant_ids_for(request.user, [Role.OPERATOR, Role.ADMIN])),
+        "can_bulk": can_bulk,
         "controls": list(CONTROLS),
+        "saved_views": list(saved_views_for(request.user)),
     }
-    return render(request, "console/queue.html", context)
+    response = render(request, "console/queue.html", context)
+    patch_vary_headers(response, ["HX-Request"])
+    return response
 
 
 @login_required

@@ -87,7 +87,9 @@ class TaskFilter(django_filters.FilterSet):
     q = django_filters.CharFilter(
         method="filter_search", min_length=SEARCH_MIN, max_length=200, label="Search"
     )
-    state = django_filters.MultipleChoiceFilter(choices=State.choices)
+    # distinct=False: no join here can repeat a row, and SELECT DISTINCT would read and
+    # de-duplicate every task in the chosen states before the page's LIMIT (9x at 100k).
+    state = django_filters.MultipleChoiceFilter(choices=State.choices, distinct=False)
     task_type = django_filters.ChoiceFilter(
         choices=lambda: [(n, n) for n in registry.names()], label="Task type"
     )

@@ -39,3 +39,23 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} {self.role}@{self.tenant}"
+
+
+class SavedView(models.Model):
+    """A named queue filter of one user: the query string the queue page was showing."""
+
+    NAME_MAX = 80
+    QUERY_MAX = 1000
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="saved_views")
+    name = models.CharField(max_length=NAME_MAX)
+    query = models.CharField(max_length=QUERY_MAX, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "name"], name="savedview_unique_name"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} {self.name}"

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import QuerySet
 
-from tenancy.models import Membership, Role, Tenant
+from tenancy.models import Membership, Role, SavedView, Tenant
 
 
 def roles_by_tenant(user: AbstractBaseUser | AnonymousUser) -> dict[int, frozenset[str]]:
@@ -41,3 +41,10 @@ def tenants_for(
 
 def has_role(user: AbstractBaseUser | AnonymousUser, tenant_id: int, *roles: Role | str) -> bool:
     return bool(roles_by_tenant(user).get(tenant_id, frozenset()) & set(roles))
+
+
+def saved_views_for(user: AbstractBaseUser | AnonymousUser) -> QuerySet[SavedView]:
+    """``user``'s saved queue views, by name."""
+    if user.pk is None:  # anonymous
+        return SavedView.objects.none()
+    return SavedView.objects.filter(user_id=user.pk).order_by("name", "id")

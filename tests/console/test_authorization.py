@@ -23,6 +23,8 @@ from django.urls import URLPattern, URLResolver, reverse
 from approvals.models import ApprovalRequest
 from console.urls import urlpatterns
 from tasks.models import Task
+from tenancy.models import SavedView
+from tenancy.services import saved_view_create
 from tests.conftest import make_task
 
 pytestmark = pytest.mark.django_db
@@ -87,6 +89,12 @@ EXPECTED: dict[str, Row] = {
     "bulk-preview": row("GET", LOGIN, 400, 403, 400, 403, 400),
     # A bulk report: its creator (the operator here), or who audits every tenant it touched.
     "bulk-report": row("GET", LOGIN, 404, 200, 200, 404, 200),
+    # Past bulk operations: scoped like the reports it links to, never refused (a list may be empty).
+    "bulk-list": row("GET", LOGIN, 200, 200, 200, 200, 200),
+    # Saved views belong to one user: anyone signed in saves their own; only the owner (the operator
+    # here) deletes one, everyone else gets 404 (it is not theirs to know about).
+    "saved-view-save": row("POST", LOGIN, DONE, DONE, DONE, DONE, DONE),
+    "saved-view-delete": row("POST", LOGIN, 404, 404, DONE, 404, 404),
 }
 
 
@@ -104,7 +112,10 @@ def _world(acme, operator) -> SimpleNamespace:
     operation = bulk.bulk_create(
         user=operator, control="cancel", reason="matrix", tasks=Task.objects.filter(pk=other.pk), selection={}
     )
-    return SimpleNamespace(task=Task.objects.get(pk=approval.task_id), approval=approval, operation=operation)
+    view = saved_view_create(operator, name="Matrix view", query="state=ready", allowed_keys=["state"])
+    return SimpleNamespace(
+        task=Task.objects.get(pk=approval.task_id), approval=approval, operation=operation, view=view
+    )
 
 
 # How to fill each path parameter (by its name in the pattern). A parameter missing here fails.
@@ -114,6 +125,7 @@ PARAMS: dict[str, Callable[[SimpleNamespace], Any]] = {
     "operation_id": lambda w: w.operation.id,
     "control": lambda w: "cancel",
     "fmt": lambda w: "csv",
+    "view_id": lambda w: w.view.pk,
 }
 
 
@@ -129,6 +141,10 @@ def _post_body(name: str, world: SimpleNamespace) -> dict[str, Any]:
         return {"reason": "matrix"}
     if name == "theme":
         return {"theme": "dark", "next": "/console/"}
+    if name == "saved-view-save":
+        return {"name": "matrix", "query": "state=ready"}
+    if name == "saved-view-delete":
+        return {"confirm": "yes"}
     return {}
 
 
@@ -138,6 +154,10 @@ def _acted(name: str, world: SimpleNamespace) -> bool | None:
         return Task.objects.get(pk=world.task.pk).state_version != world.task.state_version
     if name == "approval-decide":
         return ApprovalRequest.objects.get(pk=world.approval.pk).status != "pending"
+    if name == "saved-view-save":
+        return SavedView.objects.filter(name="matrix").exists()
+    if name == "saved-view-delete":
+        return not SavedView.objects.filter(pk=world.view.pk).exists()
     return None
 
 
