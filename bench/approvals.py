@@ -51,14 +51,9 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # `python bench/approvals.py` puts bench/ first, not the project
 
-from bench.common import DEFAULT_SERVER_URL, recreate_database, setup_django, with_dbname  # noqa: E402
+from bench.common import DEFAULT_SERVER_URL, recreate_database, setup_client_benchmark, with_dbname  # noqa: E402
 
 GOAL = 1.2
-
-
-def _setup_django() -> None:
-    os.environ["SECURE_SSL_REDIRECT"] = "0"
-    setup_django(debug=False)
 
 
 def _analyze(url: str) -> None:
@@ -201,25 +196,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     url = with_dbname(server_url, args.database)
     recreate_database(server_url, args.database, create=True)
     try:
-        os.environ["DATABASE_URL"] = url
-        _setup_django()
-        from django.conf import settings
+        setup_client_benchmark(url)
         from django.contrib.auth import get_user_model
-        from django.core.management import call_command
-        from django.test import Client, override_settings
-        from django.test.utils import setup_test_environment
+        from django.test import Client
 
         from tenancy.models import Role, Tenant
         from tenancy.services import grant_role, role_group
 
-        setup_test_environment()
-        # No collectstatic here: plain static URLs instead of the production manifest.
-        storages = {
-            **settings.STORAGES,
-            "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-        }
-        override_settings(STORAGES=storages).enable()
-        call_command("migrate", verbosity=0, interactive=False)
         tenant = Tenant.objects.create(slug="bench", name="Benchmark")
         users = get_user_model().objects
         operator = users.create_user(username="bench-operator", password="x")

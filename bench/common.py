@@ -89,3 +89,24 @@ def print_machine(info: dict[str, Any], *, debug: bool) -> None:
     print("settings    " + "  ".join(f"{k}={v}" for k, v in info["postgresql_settings"].items()))
     print(f"software    python {info['python']}  django {info['django']}  psycopg {info['psycopg']}  "
           f"DEBUG={'on' if debug else 'off'}")  # fmt: skip
+
+
+def setup_client_benchmark(url: str) -> None:
+    """Django for timing pages through its test client, on the freshly created database ``url``:
+    production settings (DEBUG off, no SSL redirect on plain HTTP), plain static URLs instead of the
+    production manifest (no collectstatic), the test environment, every migration applied."""
+    os.environ["DATABASE_URL"] = url
+    os.environ["SECURE_SSL_REDIRECT"] = "0"
+    setup_django(debug=False)
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.test import override_settings
+    from django.test.utils import setup_test_environment
+
+    setup_test_environment()
+    storages = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+    override_settings(STORAGES=storages).enable()
+    call_command("migrate", verbosity=0, interactive=False)

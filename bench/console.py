@@ -57,7 +57,7 @@ from bench.common import (  # noqa: E402
     DEFAULT_SERVER_URL,
     recreate_database,
     settle,
-    setup_django,
+    setup_client_benchmark,
     with_dbname,
 )
 
@@ -102,11 +102,6 @@ INSERT INTO tasks_checkpoint (state_version, schema_version, codec, body, create
 SELECT 1, 2, 'json/v1', '{"schema_version":2,"step":""}', now(), md5('bench' || n)::uuid, ''
 FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS n
 """
-
-
-def _setup_django() -> None:
-    os.environ["SECURE_SSL_REDIRECT"] = "0"
-    setup_django(debug=False)
 
 
 def bulk_tasks(url: str, *, tenant: int, owner: int, first: int, last: int) -> float:
@@ -200,25 +195,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     url = with_dbname(server_url, args.database)
     recreate_database(server_url, args.database, create=True)
     try:
-        os.environ["DATABASE_URL"] = url
-        _setup_django()
-        from django.conf import settings
+        setup_client_benchmark(url)
         from django.contrib.auth import get_user_model
-        from django.core.management import call_command
-        from django.test import Client, override_settings
-        from django.test.utils import setup_test_environment
+        from django.test import Client
 
         from bench.approvals import _bulk_requests, _real_request
         from tenancy.models import Role, Tenant
         from tenancy.services import grant_role, role_group
 
-        setup_test_environment()
-        storages = {
-            **settings.STORAGES,
-            "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
-        }
-        override_settings(STORAGES=storages).enable()
-        call_command("migrate", verbosity=0, interactive=False)
         tenant = Tenant.objects.create(slug="bench", name="Benchmark")
         users = get_user_model().objects
         clients = {}

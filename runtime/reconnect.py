@@ -16,6 +16,7 @@ Used by ``manage.py run_worker`` around each round and by the Celery
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -51,10 +52,9 @@ class Backoff:
 def drop_connections() -> None:
     """Close every database connection of this thread, broken or not; the next query opens a new one."""
     for conn in connections.all(initialized_only=True):
-        try:
+        # Closing a dead socket may complain; the wrapper forgets the connection either way.
+        with contextlib.suppress(*CONNECTION_LOST):
             conn.close()
-        except CONNECTION_LOST:
-            pass  # closing a dead socket may complain; the wrapper forgets it either way
 
 
 def recover(

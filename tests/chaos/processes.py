@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -109,10 +110,8 @@ class PostgresProxy:
 
 def _cut(sock: socket.socket) -> None:
     # shutdown() wakes the pump thread blocked in recv() on this socket; close() alone would not.
-    try:
+    with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
     sock.close()
 
 
@@ -170,10 +169,8 @@ class CeleryProcess:
                 self.process.kill()
                 self.process.wait()
         for pid in children:  # pool processes the parent may have left behind
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self._log_file.close()
 
 

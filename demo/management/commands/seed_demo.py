@@ -27,6 +27,7 @@ audit chain verifies.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from datetime import timedelta
@@ -133,17 +134,7 @@ class Command(BaseCommand):
         worker = Actor.worker("seed-demo")
         now = timezone.now()
 
-        def start(key: str, task_type: str, objective: str, input: dict):
-            task, created = task_create(
-                tenant=tenant,
-                task_type=task_type,
-                objective=objective,
-                input=input,
-                owner=operator,
-                idempotency_key=f"demo-{key}",
-                actor=Actor.user(operator, ActorKind.INTEGRATOR),
-            )
-            return task if created else None
+        start = functools.partial(_start, tenant, operator)
 
         def read(order: str, **facts) -> checkpoints.Progress:
             """Where a refund stands once the order was read and triaged."""
@@ -266,18 +257,7 @@ class Command(BaseCommand):
         worker = Actor.worker("seed-demo")
         now = timezone.now()
 
-        def start(key: str, task_type: str, objective: str, input: dict, region: str | None = None):
-            task, created = task_create(
-                tenant=tenant,
-                task_type=task_type,
-                objective=objective,
-                input=input,
-                owner=operator,
-                idempotency_key=f"demo-{key}",
-                actor=Actor.user(operator, ActorKind.INTEGRATOR),
-                region=region,
-            )
-            return task if created else None
+        start = functools.partial(_start, tenant, operator)
 
         def refund(key: str, order: str, objective: str):
             return start(key, "refund_request", objective, _refund(order, ORDERS[order]["total"]))
@@ -533,6 +513,21 @@ ORDERS = {
     "A-115": {"status": "delivered", "total": "35.00", "card": "visa-4242"},
     "A-116": {"status": "delivered", "total": "38.00", "card": "visa-4242"},
 }
+
+
+def _start(tenant: Tenant, operator, key: str, task_type: str, objective: str, input: dict, region=None):
+    """Start demo task ``key`` once: the task on the first seed, None when it exists already."""
+    task, created = task_create(
+        tenant=tenant,
+        task_type=task_type,
+        objective=objective,
+        input=input,
+        owner=operator,
+        idempotency_key=f"demo-{key}",
+        actor=Actor.user(operator, ActorKind.INTEGRATOR),
+        region=region,
+    )
+    return task if created else None
 
 
 def task_facts(task) -> dict:
