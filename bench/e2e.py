@@ -2,18 +2,23 @@
 
 What it measures
     throughput  ``--tasks`` ``order_lookup`` tasks (read the order from the sandbox's orders system
-                over HTTP, a scripted model turn, complete: one HTTP GET and three worker
-                transitions each) run by ``--workers`` ``manage.py run_worker`` processes. Tasks
-                per second from the first worker commit to the last completion (worker start-up
-                excluded; the wall time including it is shown too), and how long one worker spends
-                per task (the gap between two of its completions in a row), p50/p99.
-    recovery    ``--recovery-tasks`` tasks, the same workers with lease TTL ``--lease-ttl``. Once
-                ``--kill-after`` of them are done, every worker is SIGKILLed; tasks whose lease a
-                dead worker still holds are *stranded*. Fresh workers start at once. A task is
-                *back in progress* when a live (fresh) worker holds its lease or it is terminal.
-                Reported: time from the kill until the fresh workers' first commit, until every
-                stranded task is back in progress (this is bounded by lease expiry, so by the TTL),
-                and until all tasks are done; plus what the default 30 s TTL would imply.
+                over HTTP, a scripted model turn of ``--latency-ms``, complete: one HTTP GET and three
+                worker transitions each) run by ``--workers`` ``manage.py run_worker`` processes with
+                ``--concurrency`` tasks in flight each. Tasks per second from the first worker commit
+                to the last completion (worker start-up excluded; the wall time including it is shown
+                too), and how long one worker spends per task (the gap between two of its completions
+                in a row), p50/p99.
+    recovery    ``--recovery-tasks`` tasks, ``--workers`` victims and as many survivors working side by
+                side, lease TTL ``--lease-ttl``. Once ``--kill-after`` of the tasks are done, every
+                victim is SIGKILLed; the tasks whose lease a victim held are *stranded*. A task is
+                *back in progress* when a survivor holds its lease or it is terminal. Reported: the
+                time from the kill until every stranded task is back in progress, until a survivor's
+                first commit on one, and until all tasks are done. With ``--liveness`` (the default)
+                claimers see a killed worker's liveness lock gone at once; ``--no-liveness`` shows the
+                TTL fallback.
+    peers       with ``--peers``, the same throughput work run by DBOS Transact (``bench/peers``; its
+                own virtualenv) against the same PostgreSQL server and sandbox, with the same number
+                of processes and tasks in flight, and the ratio ours/DBOS.
 
     The sandbox is served by gunicorn (``--server gunicorn``, the default; ``runserver`` is the
     alternative) on a free port, against the benchmark database; workers find it through
@@ -162,16 +167,21 @@ class Workers:
 
     def __init__(self, count: int, url: str, sandbox: str, logs: Path, args: argparse.Namespace, ttl: float):
         command = [
-            sys.executable, "manage.py", "run_worker", "--batch", str(args.batch), "--idle", str(args.idle),
-            "--lease-ttl", str(ttl), *(["--sweep"] if args.sweep else []),
+            sys.executable, "manage.py", "run_worker", "--concurrency", str(args.concurrency),
+            "--idle", str(args.idle), "--lease-ttl", str(ttl), *(["--sweep"] if args.sweep else []),
         ]  # fmt: skip
+        env = {
+            **_child_env(url, sandbox),
+            "MODEL_LATENCY_MS": str(args.latency_ms),
+            "WORKER_LIVENESS": "1" if args.liveness else "0",
+        }
         self.processes = []
+        self.logs: list[Path] = []
         for _ in range(count):
-            log = (logs / f"worker-{time.monotonic_ns()}.log").open("w")
+            self.logs.append(logs / f"worker-{time.monotonic_ns()}.log")
+            log = self.logs[-1].open("w")
             self.processes.append(
-                subprocess.Popen(
-                    command, cwd=ROOT, env=_child_env(url, sandbox), stdout=log, stderr=subprocess.STDOUT
-                )
+                subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
             )
             log.close()
         host = socket.gethostname()
@@ -186,6 +196,11 @@ class Workers:
     def stop(self) -> None:
         for process in self.processes:
             _terminate(process)
+
+    def log_tails(self, lines: int = 30) -> str:
+        return "\n".join(
+            f"--- {path.name}\n" + "\n".join(path.read_text().splitlines()[-lines:]) for path in self.logs
+        )
 
     def check_alive(self) -> None:
         dead = [p.pid for p in self.processes if p.poll() is not None]
@@ -235,10 +250,21 @@ def _not_done(tenant: Any) -> int:
 
 
 def _wait_all_done(tenant: Any, workers: Workers, max_wait: float) -> None:
+    from tasks.models import Task
+    from tasks.states import TERMINAL
+
     deadline = time.monotonic() + max_wait
     while _not_done(tenant):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{_not_done(tenant)} tasks still not done after {max_wait:g} s")
+            stuck = Task.objects.filter(tenant=tenant).exclude(state__in=TERMINAL).select_related("lease")[:5]
+            described = "\n".join(
+                f"  {t.id} {t.state} v{t.state_version} {t.state_reason}: {getattr(t, 'lease', None)}"
+                for t in stuck
+            )
+            raise RuntimeError(
+                f"{_not_done(tenant)} tasks still not done after {max_wait:g} s, e.g.\n{described}\n"
+                f"worker logs:\n{workers.log_tails()}"
+            )
         workers.check_alive()
         time.sleep(POLL)
 
@@ -314,7 +340,8 @@ def _quantiles(values: list[float]) -> tuple[float, float]:
 class Throughput:
     tasks: int
     workers: int
-    batch: int
+    concurrency: int
+    latency_ms: float
     lease_ttl_s: float
     create_s: float
     wall_s: float  # workers started -> all done, start-up included
@@ -344,7 +371,8 @@ def measure_throughput(args: argparse.Namespace, url: str, server: Server, logs:
     return Throughput(
         tasks=args.tasks,
         workers=args.workers,
-        batch=args.batch,
+        concurrency=args.concurrency,
+        latency_ms=args.latency_ms,
         lease_ttl_s=args.lease_ttl,
         create_s=create_s,
         wall_s=wall,
@@ -359,19 +387,22 @@ def measure_throughput(args: argparse.Namespace, url: str, server: Server, logs:
 @dataclass
 class Recovery:
     tasks: int
-    workers: int
+    workers: int  # killed, and as many survivors
     lease_ttl_s: float
+    liveness: bool
     done_at_kill: int
-    leased_at_kill: int  # live leases the dead workers still held: the stranded tasks
-    last_expiry_after_kill_s: float  # when the last stranded lease lapsed, after the kill
-    first_commit_s: float  # kill -> first commit by a fresh worker
-    back_in_progress_s: float  # kill -> every stranded task leased by a fresh worker or terminal
-    pickup_s: float  # back_in_progress - last_expiry: how fast the fresh workers took the lapsed leases
+    leased_at_kill: int  # live leases the killed workers held: the stranded tasks
+    back_in_progress_s: float  # kill -> every stranded task leased by a survivor, or terminal
+    first_commit_s: float  # kill -> a survivor's first commit on a stranded task
     all_done_s: float  # kill -> every task done
-    implied_default_ttl_s: float  # back_in_progress with the default 30 s TTL, estimated
 
 
 def measure_recovery(args: argparse.Namespace, url: str, server: Server, logs: Path) -> Recovery:
+    """Victims and survivors work side by side; every victim is SIGKILLed at once mid-run.
+
+    What the kill strands (the victims' live leases) must be back in a survivor's hands: with
+    liveness on, as soon as the victims' sessions end; with ``--no-liveness``, when the leases lapse.
+    """
     from django.db import connections
     from django.utils import timezone
 
@@ -383,32 +414,36 @@ def measure_recovery(args: argparse.Namespace, url: str, server: Server, logs: P
     connections.close_all()
     settle(url)
     ttl = args.lease_ttl
-    first = Workers(args.workers, url, server.sandbox, logs, args, ttl)
+    victims = Workers(args.workers, url, server.sandbox, logs, args, ttl)
+    survivors = Workers(args.workers, url, server.sandbox, logs, args, ttl)
     kill_at_done = int(args.recovery_tasks * args.kill_after)
     deadline = time.monotonic() + args.max_wait
     try:
-        while True:
-            done = args.recovery_tasks - _not_done(tenant)
-            live = Lease.objects.filter(task__tenant=tenant, expires_at__gt=timezone.now()).exists()
-            if done >= kill_at_done and live:
-                break
-            if time.monotonic() > deadline or done == args.recovery_tasks:
-                raise RuntimeError("the workers finished (or stalled) before the kill point; use more tasks")
-            first.check_alive()
-            time.sleep(0.01)
-        first.kill()
-    except BaseException:
-        first.stop()
-        raise
-    killed = timezone.now()
-    stranded = dict(
-        Lease.objects.filter(task__tenant=tenant, worker_id__in=first.ids, expires_at__gt=killed)
-        .exclude(task__state__in=TERMINAL)
-        .values_list("task_id", "expires_at")
-    )
-    done_at_kill = args.recovery_tasks - _not_done(tenant)
-    fresh = Workers(args.workers, url, server.sandbox, logs, args, ttl)
-    try:
+        try:
+            while True:
+                done = args.recovery_tasks - _not_done(tenant)
+                held = Lease.objects.filter(
+                    task__tenant=tenant, worker_id__in=victims.ids, expires_at__gt=timezone.now()
+                ).exists()
+                if done >= kill_at_done and held:
+                    break
+                if time.monotonic() > deadline or done == args.recovery_tasks:
+                    raise RuntimeError(
+                        "the workers finished (or stalled) before the kill point; use more tasks"
+                    )
+                victims.check_alive()
+                time.sleep(0.01)
+            victims.kill()
+        except BaseException:
+            victims.stop()
+            raise
+        killed = timezone.now()
+        stranded = set(
+            Lease.objects.filter(task__tenant=tenant, worker_id__in=victims.ids, expires_at__gt=killed)
+            .exclude(task__state__in=TERMINAL)
+            .values_list("task_id", flat=True)
+        )
+        done_at_kill = args.recovery_tasks - _not_done(tenant)
         waiting = set(stranded)
         back_in_progress = 0.0
         while waiting:
@@ -418,44 +453,98 @@ def measure_recovery(args: argparse.Namespace, url: str, server: Server, logs: P
                 Task.objects.filter(pk__in=waiting, state__in=TERMINAL).values_list("id", flat=True)
             )
             leased = set(
-                Lease.objects.filter(task_id__in=waiting, worker_id__in=fresh.ids).values_list(
+                Lease.objects.filter(task_id__in=waiting, worker_id__in=survivors.ids).values_list(
                     "task_id", flat=True
                 )
             )
             waiting -= terminal | leased
             back_in_progress = (timezone.now() - killed).total_seconds()
-            fresh.check_alive()
-            time.sleep(POLL)
-        _wait_all_done(tenant, fresh, max(deadline - time.monotonic(), 1))
+            survivors.check_alive()
+            time.sleep(POLL / 5)
+        _wait_all_done(tenant, survivors, max(deadline - time.monotonic(), 1))
         all_done = (timezone.now() - killed).total_seconds()
     finally:
-        fresh.stop()
-    fresh_actors = [f"worker:{worker_id}" for worker_id in fresh.ids]
+        survivors.stop()
     first_commit = (
-        TransitionEvent.objects.filter(tenant=tenant, actor_id__in=fresh_actors)
+        TransitionEvent.objects.filter(
+            task_id__in=stranded, actor_id__in=[f"worker:{w}" for w in survivors.ids], created_at__gt=killed
+        )
         .order_by("created_at")
         .values_list("created_at", flat=True)
         .first()
     )
     _verify(tenant)
-    last_expiry = max(((at - killed).total_seconds() for at in stranded.values()), default=0.0)
-    pickup = back_in_progress - last_expiry
-    # The last stranded lease had been alive for (ttl - last_expiry) s at the kill; with the default TTL
-    # it would have lapsed (DEFAULT_TTL - that age) s after the kill, and the pickup would be the same.
-    implied = DEFAULT_TTL - (ttl - last_expiry) + pickup if stranded else pickup
     return Recovery(
         tasks=args.recovery_tasks,
         workers=args.workers,
         lease_ttl_s=ttl,
+        liveness=args.liveness,
         done_at_kill=done_at_kill,
         leased_at_kill=len(stranded),
-        last_expiry_after_kill_s=last_expiry,
-        first_commit_s=(first_commit - killed).total_seconds() if first_commit else float("nan"),
         back_in_progress_s=back_in_progress,
-        pickup_s=pickup,
+        first_commit_s=(first_commit - killed).total_seconds() if first_commit else float("nan"),
         all_done_s=all_done,
-        implied_default_ttl_s=implied,
     )
+
+
+def profile_steps(args: argparse.Namespace, count: int) -> str:
+    """Where a worker's time per task goes, in this process, one task at a time, no profiler overhead
+    on the timings: database round trips (counted and timed at the cursor), the HTTP read of the
+    evidence, the model's turn, and the rest (Python: deciding, building rows, hashing). Then the
+    top functions by own CPU under cProfile."""
+    import cProfile
+    import io
+    import pstats
+
+    from django.db import connection
+
+    from runtime import runner
+    from tasks import leases
+
+    tenant, _ = _make_tasks("bench-profile", count)
+    spent = {"db": 0.0, "queries": 0}
+
+    def timed(execute, sql, params, many, context):
+        started = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            spent["db"] += time.perf_counter() - started
+            spent["queries"] += 1
+
+    def run_all() -> None:
+        while held := leases.claim_next(worker_id="profiler", region="default", limit=1):
+            runner.run_task(held[0].task_id, worker_id="profiler", region="default", held=held[0])
+
+    started, cpu = time.perf_counter(), time.thread_time()
+    with connection.execute_wrapper(timed):
+        run_all()
+    wall, cpu = time.perf_counter() - started, time.thread_time() - cpu
+    per = 1000 / count
+    out = io.StringIO()
+    out.write(f"profile     {count} order_lookup tasks, one at a time in this process (3 steps each), "
+              f"model {args.latency_ms:g} ms:\n")  # fmt: skip
+    out.write(f"  per task  {wall * per:6.1f} ms wall = {cpu * per:5.1f} ms CPU here + waiting\n")
+    out.write(f"  database  {spent['db'] * per:6.1f} ms in {spent['queries'] / count:.1f} round trips "
+              "per task "
+              f"({spent['queries'] / count / 3:.1f} per step)\n")  # fmt: skip
+    out.write(f"  model     {args.latency_ms:6.1f} ms (the scripted turn's latency)\n")
+    rest = wall * per - spent["db"] * per - args.latency_ms
+    out.write(f"  the rest  {rest:6.1f} ms (HTTP read of the evidence, Python)\n")
+    _make_tasks("bench-profile-cpu", count)
+    if os.environ.get("BENCH_SQL"):
+        from django.test.utils import CaptureQueriesContext
+
+        _make_tasks("bench-profile-sql", 1)
+        with CaptureQueriesContext(connection) as queries:
+            run_all()
+        out.write("\n".join(q["sql"][:150] for q in queries.captured_queries) + "\n")
+    profiler = cProfile.Profile(time.thread_time)
+    profiler.runcall(run_all)
+    stats = pstats.Stats(profiler, stream=out)
+    out.write("  this project's functions by CPU including what they call (cProfile):\n")
+    stats.sort_stats("cumulative").print_stats(rf"{ROOT}/(tasks|runtime|ledger|audit|workflows)/", 20)
+    return out.getvalue()
 
 
 # ---------------------------------------------------------------------------
@@ -473,28 +562,41 @@ def _table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
     return "\n".join([line(header), "  ".join("-" * w for w in widths), *(line(row) for row in rows)])
 
 
-def render(throughput: Throughput, recovery: Recovery) -> str:
+def render(throughput: Throughput, recovery: Recovery | None, peer: dict[str, Any] | None = None) -> str:
     t, r = throughput, recovery
     first = _table(
-        ("throughput", "tasks", "workers", "batch", "wall s", "busy s", "tasks/s", "transitions/s",
-         "worker ms/task p50/p99"),
-        [("order_lookup", str(t.tasks), str(t.workers), str(t.batch), f"{t.wall_s:.1f}", f"{t.busy_s:.1f}",
+        ("throughput", "tasks", "workers x in flight", "model ms", "wall s", "busy s", "tasks/s",
+         "transitions/s", "worker ms/task p50/p99"),
+        [("order_lookup", str(t.tasks), f"{t.workers} x {t.concurrency}", f"{t.latency_ms:g}",
+          f"{t.wall_s:.1f}",
+          f"{t.busy_s:.1f}",
           f"{t.tasks_per_s:,.1f}", f"{t.transitions_per_s:,.0f}",
           f"{t.per_task_p50_ms:.0f} / {t.per_task_p99_ms:.0f}")],
     )  # fmt: skip
+    if peer is not None:
+        ratio = t.tasks_per_s / peer["workflows_per_s"]
+        first += "\n\n" + _table(
+            ("same work", "tasks", "processes x in flight", "model ms", "busy s", "tasks/s", "steps/s"),
+            [("ours", str(t.tasks), f"{t.workers} x {t.concurrency}", f"{t.latency_ms:g}", f"{t.busy_s:.1f}",
+              f"{t.tasks_per_s:,.1f}", f"{t.transitions_per_s:,.0f}"),
+             (f"DBOS {peer['dbos_version']}", str(peer["tasks"]),
+              f"{peer['processes']} x {peer['concurrency']}",
+              f"{peer['latency_ms']:g}", f"{peer['busy_s']:.1f}", f"{peer['workflows_per_s']:,.1f}",
+              f"{peer['steps_per_s']:,.0f}")],
+        ) + f"\n\nours / DBOS: {ratio:.2f}x"  # fmt: skip
+    if r is None:
+        return first
     second = _table(
-        ("recovery", "tasks", "workers", "lease TTL s", "done at kill", "stranded", "first commit s",
-         "back in progress s", "all done s"),
-        [("SIGKILL all workers", str(r.tasks), str(r.workers), f"{r.lease_ttl_s:g}", str(r.done_at_kill),
-          str(r.leased_at_kill), f"{r.first_commit_s:.2f}", f"{r.back_in_progress_s:.2f}",
-          f"{r.all_done_s:.1f}")],
+        ("recovery", "tasks", "killed + survivors", "lease TTL s", "liveness", "done at kill", "stranded",
+         "back in progress s", "first commit s", "all done s"),
+        [("SIGKILL all victims", str(r.tasks), f"{r.workers} + {r.workers}", f"{r.lease_ttl_s:g}",
+          "on" if r.liveness else "off", str(r.done_at_kill), str(r.leased_at_kill),
+          f"{r.back_in_progress_s:.2f}", f"{r.first_commit_s:.2f}", f"{r.all_done_s:.1f}")],
     )  # fmt: skip
     notes = (
-        f"back in progress = the last stranded lease lapsing {r.last_expiry_after_kill_s:.2f} s after "
-        f"the kill (TTL {r.lease_ttl_s:g} s) + {r.pickup_s:.2f} s for a fresh worker to claim it.\n"
-        f"With the default {DEFAULT_TTL:g} s TTL the same kill would strand tasks for "
-        f"~{r.implied_default_ttl_s:.1f} s (at most {DEFAULT_TTL:g} s + pickup); tasks nobody held "
-        "are picked up at once either way."
+        "back in progress: every task a killed worker held is leased by a survivor (or done). With liveness "
+        "on, a claimer sees the killed process's lock gone at once (tasks/liveness.py); off, it waits "
+        "for the lease TTL."
     )
     return f"{first}\n\n{second}\n\n{notes}"
 
@@ -502,11 +604,20 @@ def render(throughput: Throughput, recovery: Recovery) -> str:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument("--tasks", type=int, default=1000, help="tasks for the throughput run (default 1000)")
-    parser.add_argument("--recovery-tasks", type=int, default=1000, help="tasks for the recovery run")
+    parser.add_argument("--recovery-tasks", type=int, default=1000,
+                        help="tasks for the recovery run (0: no recovery run)")  # fmt: skip
+    parser.add_argument("--peers", action="store_true",
+                        help="also run the same work on DBOS (bench/peers, its own venv)")  # fmt: skip
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    parser.add_argument("--batch", type=int, default=10, help="run_worker --batch (default 10)")
+    parser.add_argument("--concurrency", type=int, default=16,
+                        help="run_worker --concurrency: tasks in flight per worker (default 16)")  # fmt: skip
+    parser.add_argument("--latency-ms", type=float, default=0,
+                        help="the scripted model's answer time, MODEL_LATENCY_MS (default 0)")  # fmt: skip
     parser.add_argument("--idle", type=float, default=0.1, help="run_worker --idle seconds (default 0.1)")
-    parser.add_argument("--lease-ttl", type=float, default=5.0, help="lease TTL in seconds (default 5)")
+    parser.add_argument("--lease-ttl", type=float, default=DEFAULT_TTL,
+                        help=f"lease TTL in seconds (default {DEFAULT_TTL:g})")  # fmt: skip
+    parser.add_argument("--liveness", action=argparse.BooleanOptionalAction, default=True,
+                        help="workers hold a liveness lock (WORKER_LIVENESS; default on)")  # fmt: skip
     parser.add_argument("--kill-after", type=float, default=0.25,
                         help="share of the recovery tasks done before the kill (default 0.25)")  # fmt: skip
     parser.add_argument("--sweep", action="store_true", help="run the workers with --sweep")
@@ -518,8 +629,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--database", default="bench_e2e", help="throwaway database to create and drop")
     parser.add_argument("--keep-database", action="store_true", help="leave the database for inspection")
     parser.add_argument("--no-save", action="store_true", help="do not write JSON to bench/results/")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="instead: where a worker's time per task goes (N tasks in-process)")  # fmt: skip
     args = parser.parse_args(argv)
-    if min(args.tasks, args.recovery_tasks, args.workers, args.batch) < 1 or not 0 <= args.kill_after < 1:
+    if (
+        min(args.tasks, args.workers, args.concurrency) < 1
+        or args.recovery_tasks < 0
+        or not 0 <= args.kill_after < 1
+    ):
         parser.error("counts must be positive and --kill-after in [0, 1)")
     return args
 
@@ -542,9 +659,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="bench-e2e-") as logs_dir:
             logs = Path(logs_dir)
             server = Server(args.server, url, logs, workers=args.server_workers, threads=args.server_threads)
+            if args.profile:
+                from django.conf import settings
+
+                settings.SANDBOX_BASE_URL, settings.MODEL_LATENCY_MS = server.sandbox, args.latency_ms
+                print(profile_steps(args, args.profile))
+                return 0
             print(
-                f"run         {args.workers} x manage.py run_worker --batch {args.batch} --idle {args.idle:g}"
-                f"{' --sweep' if args.sweep else ''}; sandbox on {server.description} at {server.base}; "
+                f"run         {args.workers} x manage.py run_worker --concurrency {args.concurrency} "
+                f"--idle {args.idle:g}{' --sweep' if args.sweep else ''}, model {args.latency_ms:g} ms; "
+                f"sandbox on {server.description} at {server.base}; "
                 f"database {args.database}"
             )
             print()
@@ -555,18 +679,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"({throughput.busy_s:.1f} s busy)",
                 flush=True,
             )
-            recovery = measure_recovery(args, url, server, logs)
-            print(
-                f"  recovery    killed {args.workers} workers with {recovery.done_at_kill} of "
-                f"{recovery.tasks} done and {recovery.leased_at_kill} leased; all done "
-                f"{recovery.all_done_s:.1f} s later",
-                flush=True,
-            )
+            peer = None
+            if args.peers:
+                from bench.peers.harness import run_dbos
+
+                peer = run_dbos(
+                    server_url=server_url, sandbox_url=server.sandbox, tasks=args.tasks,
+                    processes=args.workers, concurrency=args.concurrency, latency_ms=int(args.latency_ms),
+                )  # fmt: skip
+                print(f"  peers       DBOS {peer['dbos_version']}: {peer['workflows_per_s']:.1f} workflows/s "
+                      f"({peer['busy_s']:.1f} s busy)", flush=True)  # fmt: skip
+            recovery = None
+            if args.recovery_tasks:
+                recovery = measure_recovery(args, url, server, logs)
+                print(
+                    f"  recovery    killed {args.workers} workers with {recovery.done_at_kill} of "
+                    f"{recovery.tasks} done and {recovery.leased_at_kill} leased; all done "
+                    f"{recovery.all_done_s:.1f} s later",
+                    flush=True,
+                )
             server.stop()
             server = None
-        print(f"\nverified    {throughput.tasks + recovery.tasks} tasks: completed with the record's status, "
+        verified = throughput.tasks + (recovery.tasks if recovery else 0)
+        print(f"\nverified    {verified} tasks: completed with the record's status, "
               "audit chains intact, no step committed twice\n")  # fmt: skip
-        table = render(throughput, recovery)
+        table = render(throughput, recovery, peer)
         print(table)
         if not args.no_save:
             RESULTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -575,7 +712,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "machine": info,
                 "args": vars(args),
                 "throughput": asdict(throughput),
-                "recovery": asdict(recovery),
+                "recovery": asdict(recovery) if recovery else None,
+                "peer": peer,
                 "table": table,
             }, indent=2))  # fmt: skip
             print(f"\nresults     {path.relative_to(ROOT)}")

@@ -245,6 +245,15 @@ CELERY_BEAT_SCHEDULE_FILENAME = env.str(
     "CELERY_BEAT_SCHEDULE_FILENAME", default=str(VAR_DIR / "celerybeat-schedule")
 )
 LEASE_TTL_SECONDS = env.float("LEASE_TTL_SECONDS", default=30.0)
+# Tasks one run_worker process keeps in flight (threads; see runtime/loop.py), and the database
+# connections they share: a slot holds one only while it talks to the database, not while it
+# waits on a model or an outside system.
+WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=32)
+WORKER_DB_CONNECTIONS = env.int("WORKER_DB_CONNECTIONS", default=0)  # 0: min(concurrency, 8) + 2
+# Each worker process holds a PostgreSQL advisory lock while it lives, so the leases of a process
+# that died are taken over at once instead of after their TTL (tasks/liveness.py). Turn it off
+# behind a transaction-pooling proxy, where session locks mean nothing.
+WORKER_LIVENESS = env.bool("WORKER_LIVENESS", default=True)
 
 # The model behind "model turn" steps: the deterministic scripted model, or any
 # OpenAI-compatible chat endpoint.
@@ -253,6 +262,8 @@ MODEL_URL = env.str("MODEL_URL", default="")
 MODEL_NAME = env.str("MODEL_NAME", default="")
 MODEL_API_KEY = env.str("MODEL_API_KEY", default="")
 MODEL_TIMEOUT = env.float("MODEL_TIMEOUT", default=30.0)
+# The scripted model waits this long before answering, as a real model turn would (benchmarks, soak).
+MODEL_LATENCY_MS = env.float("MODEL_LATENCY_MS", default=0.0)
 
 if not DEBUG:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

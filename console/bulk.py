@@ -8,6 +8,7 @@ operate. Writes go through ``runtime.bulk`` only.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 from uuid import UUID
 
 from django import forms
@@ -74,6 +75,13 @@ def _filter_fields(params: QueryDict) -> list[tuple[str, str]]:
             for value in values]  # fmt: skip
 
 
+def _back(params: QueryDict, selection: dict[str, Any]) -> str:
+    """Where the operator came from: the triage list of a quarantine reason, or the filtered queue."""
+    if params.get("held"):
+        return f"{reverse('console:quarantine')}?{urlencode({'reason': params['held']})}"
+    return f"{reverse('console:queue')}?{selection.get('query', '')}"
+
+
 @login_required
 def preview(request: HttpRequest) -> HttpResponse:
     """GET: what would happen (count, a sample). POST: the confirmation — create, then run or queue."""
@@ -112,7 +120,7 @@ def preview(request: HttpRequest) -> HttpResponse:
         "sample": list(tasks.select_related("tenant").defer("input", "outcome").order_by("-id")[:SAMPLE]),
         "hidden": _filter_fields(params),
         "error": error,
-        "back": f"{reverse('console:queue')}?{selection.get('query', '')}",
+        "back": _back(params, selection),
         "runs_in_worker": count > bulk.SYNC_LIMIT,
     }
     return render(request, "console/bulk_preview.html", context, status=400 if error else 200)

@@ -48,15 +48,16 @@ class ControlForm(forms.Form):
     def __init__(self, *args: Any, control: str = "", **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.control = control
-        self.fields["reason"].label = f"Reason to {control}" if control else "Reason"
-        self.fields["confirm"].label = f"Yes, {control} this task"
+        name = controls.label(control)
+        self.fields["reason"].label = f"Reason to {name}" if control else "Reason"
+        self.fields["confirm"].label = f"Yes, {name} this task"
         if control in DESTRUCTIVE:
             self.fields["confirm"].widget.attrs["required"] = True
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         if self.control in DESTRUCTIVE and not data.get("confirm"):
-            self.add_error("confirm", f"{self.control.title()} needs confirmation.")
+            self.add_error("confirm", f"{controls.label(self.control).capitalize()} needs confirmation.")
         return data
 
     def problem(self) -> str:

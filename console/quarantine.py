@@ -1,8 +1,11 @@
 """Quarantine triage: the held tasks of the user's tenants, by reason, and what release would do.
 
-Read-only: releasing, canceling and escalating stay on the task page, behind
-its guarded controls. Two queries whatever the number of tasks: one GROUP BY
-for the counts per reason, one keyset page of the chosen reason.
+The page itself only reads: two queries whatever the number of tasks, one GROUP BY
+for the counts per reason and one keyset page of the chosen reason. Its actions
+(release, retry migration, cancel, escalate) go to the bulk preview
+(``console.bulk``) for the ticked rows or for every task held for the reason:
+one reason, a confirmation, then the per-task report. Each task's page has the
+same controls one at a time.
 """
 
 from __future__ import annotations
@@ -14,8 +17,17 @@ from django.views.decorators.http import require_safe
 
 from console.access import QUARANTINE_ROLES, tenant_ids_or_403
 from tasks import selectors
+from tenancy.models import Role
+from tenancy.selectors import tenant_ids_for
 
 PAGE = 50
+# What the triage page offers (runtime.controls names): each leaves quarantine, or raises the task.
+ACTIONS = (
+    ("release", "Release (resume validation)"),
+    ("retry_migration", "Retry migration, then release"),
+    ("cancel", "Cancel"),
+    ("escalate", "Escalate"),
+)
 
 # What pressing "release" does (quarantined -> resume_validation), from
 # runtime.validation and the checkpoint load before it, in the order they run.
@@ -71,5 +83,7 @@ def triage(request: HttpRequest) -> HttpResponse:
         else None,
         "release_checks": RELEASE_CHECKS,
         "before_release": BEFORE_RELEASE.get(code or "", ""),
+        "actions": ACTIONS,
+        "can_act": bool(tenant_ids_for(request.user, [Role.OPERATOR, Role.ADMIN])),
     }
     return render(request, "console/quarantine.html", context)

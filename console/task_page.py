@@ -47,6 +47,7 @@ from tasks.states import RUNNABLE, TERMINAL, WAITING, ActorKind, State, Trigger
 from tasks.transitions import Actor
 
 TIMELINE_PAGE = 50
+STORED_SHOWN = 20_000  # characters of an unreadable checkpoint shown as stored
 CHECKPOINT_LINKS = 30  # newest checkpoint versions linked from the viewer (any other: by number)
 ACTIONS_SHOWN = 100
 APPROVALS_SHOWN = 20
@@ -211,6 +212,7 @@ class Shown:
     unreadable: str = ""  # "<reason>: <detail>"
     created_at: datetime | None = None
     digest: str = ""
+    stored: str = ""  # an unreadable one's body as stored (the start of it), schema and codec
 
 
 def _with_recorded_digest(rows: Any) -> Any:
@@ -224,7 +226,10 @@ def _shown(row: Any) -> Shown:
     try:
         document = checkpoints.decode_stored(row, recorded_digest=row.recorded_digest)
     except CheckpointUnreadable as exc:
-        return Shown(row.state_version, None, f"{exc.reason}: {exc.detail}", row.created_at, row.digest)
+        stored = f"schema {row.schema_version} · codec {row.codec}\n{row.body[:STORED_SHOWN]}"
+        return Shown(
+            row.state_version, None, f"{exc.reason}: {exc.detail}", row.created_at, row.digest, stored
+        )
     return Shown(row.state_version, document, "", row.created_at, row.digest)
 
 
@@ -375,6 +380,13 @@ def control_help(control: str, task: Task, last_check: TransitionEvent | None, i
             text += f" This task: {found}."
         hint = BEFORE_RELEASE.get(last_check.reason_code, "") if last_check is not None else ""
         return f"{text} {hint}".strip()
+    if control == "retry_migration":
+        text = (
+            "Retry migration reads the stored checkpoint with this deployment's code first. If it reads "
+            "now (a migration or codec was deployed since), the task is released to resume validation; "
+            "if not, nothing changes and you see why."
+        )
+        return text + (f" This task: {found}." if found else "")
     if control == "cancel":
         text = (
             "Cancel asks the task to stop. A worker first settles the side effects in flight, "
@@ -446,6 +458,7 @@ def _control_forms(
         forms.append(
             {
                 "name": name,
+                "label": controls.label(name).capitalize(),
                 "form": ControlForm(control=name, auto_id=f"%s-{name}", initial=initial),
                 "help": control_help(name, task, last_check, in_doubt),
                 "destructive": name in DESTRUCTIVE,
@@ -601,12 +614,16 @@ def task_control(request: HttpRequest, task_id: UUID, control: str) -> HttpRespo
         _keep_draft(request, task, control, request.POST)
         messages.error(request, f"Not possible: {exc}")
     except CheckpointUnreadable as exc:
-        messages.error(request, f"The task's checkpoint cannot be read ({exc.reason}); it needs quarantine.")
+        messages.error(
+            request,
+            f"Nothing changed: the task's checkpoint still cannot be read ({exc.reason}: {exc.detail}).",
+        )
     else:
         note = f" ({result.note})" if result.note else ""
         if result.applied:
             messages.success(
-                request, f"{control.title()} applied; the task is now {result.task.state}.{note}"
+                request,
+                f"{controls.label(control).capitalize()} applied; the task is now {result.task.state}.{note}",
             )
         else:
             messages.info(request, f"Nothing changed: the task is {result.task.state}.{note}")

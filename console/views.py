@@ -6,6 +6,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.cache import patch_vary_headers
@@ -131,6 +132,8 @@ def approval_decide(request, request_id):
             comment=data["comment"],
         )
     except approval_services.ApprovalRefused as exc:
+        if exc.status == 403:  # a role that may read the request but not decide it: the console's 403 page
+            raise PermissionDenied(str(exc)) from None
         messages.error(request, str(exc))
         return redirect("console:approval", request_id=approval.pk)
     except CheckpointUnreadable as exc:

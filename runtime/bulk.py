@@ -222,7 +222,10 @@ def _apply(operation: BulkOperation, result: BulkResult, user: Any) -> _Settled:
         return _Settled(Outcome.REFUSED, str(exc), exc.state or task.state, exc.state_version)
     except CheckpointUnreadable as exc:
         return _Settled(
-            Outcome.REFUSED, f"checkpoint unreadable ({exc.reason})", task.state, task.state_version
+            Outcome.REFUSED,
+            f"checkpoint unreadable ({exc.reason}: {exc.detail})",
+            task.state,
+            task.state_version,
         )
     outcome = Outcome.APPLIED if done.applied else Outcome.UNCHANGED
     return _Settled(outcome, done.note, done.task.state, done.task.state_version)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -31,7 +32,10 @@ def _pause_if(names: set[str], detail: str) -> None:
     Path(os.environ.get("DURABLE_PAUSE_FILE", "/tmp/durable-pause")).write_text(detail + "\n")
     if os.environ.get("DURABLE_PAUSE_MODE") == "stop":
         os.environ["DURABLE_PAUSE_AFTER"] = ""  # once: after SIGCONT the worker carries on
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # Sent to this thread, so this thread stops before its next instruction; sent to the
+        # process, another thread could take the signal and this one run on past the point
+        # (even through a database round trip) before the stop reached it.
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
         return
     time.sleep(3600)
 

@@ -1,4 +1,4 @@
-"""Operator controls: retry, cancel, reconcile, quarantine, release, escalate.
+"""Operator controls: retry, cancel, reconcile, quarantine, release, retry migration, escalate.
 
 Each is one transition at the expected version, pulled by a person whose
 tenant roles allow that edge of the transition table (``tasks.states``), with
@@ -24,6 +24,9 @@ CONTROLS: dict[str, Trigger] = {
     "cancel": Trigger.CANCEL,
     "quarantine": Trigger.QUARANTINE,
     "release": Trigger.RELEASE,
+    # A release that first reads the stored checkpoint with this deployment's code, and
+    # refuses (CheckpointUnreadable, nothing written) while it still cannot be read.
+    "retry_migration": Trigger.RELEASE,
     "retry": Trigger.RETRY,
     "escalate": Trigger.ESCALATE,
     "reconcile": Trigger.RECONCILED,
@@ -32,6 +35,11 @@ CONTROLS: dict[str, Trigger] = {
 _SETTLED_BY_STATE = {"cancel": State.CANCEL_REQUESTED, "quarantine": State.QUARANTINED}
 CANCEL_SCOPES = ("model_turn", "tool_call", "children", "task")
 ESCALATION_ROLES = ("operator", "approver", "admin")
+
+
+def label(control: str) -> str:
+    """How people read a control's name: ``retry_migration`` -> ``retry migration``."""
+    return control.replace("_", " ")
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,8 @@ def task_control(
     ``cancel_requested``, quarantine on a quarantined one) applies nothing and
     reports ``applied=False``. Otherwise refuses like ``advance``:
     ``StaleVersion`` or ``TransitionNotAllowed`` (no such edge from the
-    current state for this actor).
+    current state for this actor). ``retry_migration`` also raises
+    ``CheckpointUnreadable`` while the newest checkpoint still cannot be read.
     """
     trigger = CONTROLS[control]
     settled = _SETTLED_BY_STATE.get(control)
@@ -95,6 +104,9 @@ def task_control(
         }
     elif control == "cancel":
         reason_code = f"cancel:{scope}"
+    elif control == "retry_migration":
+        read = services.latest_checkpoint(task)  # raises while this code still cannot read it
+        reason = f"{reason} (checkpoint now reads: step {read.step}, schema {read.schema_version})"
     task = advance(
         task.id,
         expected_version,

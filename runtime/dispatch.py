@@ -27,7 +27,7 @@ from ledger import connectors
 from ledger.connectors.base import OutcomeUnknown, Rejected
 from ledger.models import SENDABLE, Action, DispatchState
 from ledger.services import action_move
-from runtime import chaos
+from runtime import chaos, db
 from tasks import leases
 from tasks.exceptions import LeaseLost
 from tasks.leases import Held
@@ -106,7 +106,8 @@ def send(claimed: Claimed) -> Action:
     target: DispatchState
     fields: dict[str, Any]
     try:
-        outcome = connector.dispatch(action.idempotency_key, dict(action.effect))
+        with db.released():  # no database session held while the system answers
+            outcome = connector.dispatch(action.idempotency_key, dict(action.effect))
         chaos.after_send(action)
     except Rejected as exc:
         target, fields = (

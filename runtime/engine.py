@@ -20,7 +20,7 @@ from approvals import services as approvals
 from approvals.models import ApprovalStatus
 from audit.models import TransitionEvent
 from ledger.models import IN_DOUBT, SENDABLE, SETTLED_FAILED, SETTLED_OK, Action
-from runtime import dispatch, evidence, llm, reconcile, validation
+from runtime import db, dispatch, evidence, llm, reconcile, validation
 from runtime.llm import Model, ModelUnavailable
 from tasks import registry
 from tasks.checkpoints import Checkpoint, EvidenceRef, Progress, ToolCallRecord, as_fact
@@ -120,9 +120,9 @@ def _run_step(
             return _advance_to(progress, step.next, task, facts=facts, evidence=[*kept, ref])
         case registry.ModelTurn():
             try:
-                reply = llm.accepted(
-                    model.complete(prompt_id=step.prompt_id, system=step.instructions, facts=facts)
-                )
+                with db.released():  # no database session held through the model's turn
+                    said = model.complete(prompt_id=step.prompt_id, system=step.instructions, facts=facts)
+                reply = llm.accepted(said)
             except ModelUnavailable as exc:
                 return retry_later(task, kind, progress, now, code="model_unavailable", reason=str(exc))
             except llm.ModelOutputInvalid as exc:

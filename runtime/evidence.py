@@ -20,6 +20,7 @@ from typing import Any
 
 from ledger import connectors
 from ledger.connectors.base import ReadUnavailable
+from runtime import db
 from tasks import values
 from tasks.checkpoints import Scalar, as_fact
 
@@ -55,7 +56,8 @@ def fetch(system: str, record_id: str) -> Record:
     cannot be stored). A system with no connector (``LookupError``) or one whose connector
     cannot read (``ReadNotSupported``) is a deployment mistake, not evidence: those propagate."""
     try:
-        found = connectors.get(system).read(record_id)
+        with db.released():  # no database session held while the system answers
+            found = connectors.get(system).read(record_id)
     except ReadUnavailable as exc:
         # The connector's message names the system; it may quote what the system sent.
         raise EvidenceUnavailable(values.printable(str(exc))) from None

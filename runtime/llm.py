@@ -17,6 +17,7 @@ gave cleanly. The step retries the turn later, like any transient failure.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -70,13 +71,16 @@ class ScriptedModel:
 
     model_id = "scripted-v1"
 
-    def __init__(self, scripts: Mapping[str, Script] | None = None):
+    def __init__(self, scripts: Mapping[str, Script] | None = None, *, latency: float = 0.0):
         self.scripts = dict(registry.scripts() if scripts is None else scripts)
+        self.latency = latency  # seconds each answer takes, like a real model's turn
 
     def complete(self, *, prompt_id: str, system: str, facts: Mapping[str, Any]) -> Reply:
         script = self.scripts.get(prompt_id)
         if script is None:
             raise ModelUnavailable(f"scripted model has no script for prompt {prompt_id!r}")
+        if self.latency:
+            time.sleep(self.latency)
         return Reply(script(facts), self.model_id)
 
 
@@ -133,4 +137,4 @@ def default_model() -> Model:
             api_key=settings.MODEL_API_KEY,
             timeout=settings.MODEL_TIMEOUT,
         )
-    return ScriptedModel()
+    return ScriptedModel(latency=settings.MODEL_LATENCY_MS / 1000)

@@ -64,11 +64,13 @@ def recover(
     task_id: UUID | str | None = None,
     stopping: Callable[[], bool] = lambda: False,
     give_up_after: float | None = None,
+    release: bool = True,
 ) -> bool:
     """After ``error`` broke the connection: wait until PostgreSQL answers, then release leftover leases.
 
     Releases every live lease of ``worker_id`` (only ``task_id``'s when given: a
-    process running several tasks at once must not give up its siblings').
+    process running several tasks at once must not give up its siblings'; none
+    with ``release=False``: the caller held none, e.g. a loop whose slots hold them).
     Returns False, without having reached the database, if ``stopping()`` turned
     true or ``give_up_after`` seconds passed first.
     """
@@ -83,7 +85,12 @@ def recover(
                 return False
             time.sleep(min(0.1, max(0.0, pause - time.monotonic())))
         try:
-            released = leases.release_abandoned(worker_id, task_id=task_id)
+            if release:
+                released = leases.release_abandoned(worker_id, task_id=task_id)
+            else:
+                released = 0
+                with connections["default"].cursor() as cursor:
+                    cursor.execute("SELECT 1")
         except CONNECTION_LOST as still_down:
             log.info("database still unavailable (%s)", type(still_down).__name__)
             continue

@@ -3,18 +3,29 @@
 1. Claim the task's lease (or give up: someone else holds it).
 2. Load the task and its checkpoint (an unreadable checkpoint quarantines it).
 3. Decide the next transition from the checkpoint (``runtime.engine``).
-4. Commit it through ``advance`` at the version it was decided from, fenced
-   by the lease; a stale version or a lost lease discards the decision. A
+4. Commit it at the version it was decided from, fenced by the lease
+   (``advance_read``: the row is not read again, the compare-and-set proves
+   it unchanged); a stale version or a lost lease discards the decision. The
+   next step resumes from what this commit wrote, without reading it back:
+   nothing else can have written it, or the next commit's compare-and-set
+   fails. A
    commit the database refuses for this task's data (``DataError``, an
    unexpected ``IntegrityError``) quarantines the task, like any step error;
    only a database in trouble (connection lost) reaches the worker's loop.
-5. Repeat while the task stays runnable, heartbeating before each step; release the lease.
+5. Repeat while the task stays runnable; release the lease.
+
+Between steps the lease is checked: with ``heartbeats`` (``runtime.heartbeats``, the
+worker loop's one thread that extends every in-flight lease) by looking at what its
+last beat found, without a round trip; without it, by a heartbeat of its own. A
+worker that is draining (``stopping()``) stops between steps and gives the lease back.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import timedelta
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 from django.db import DatabaseError, DataError, IntegrityError
@@ -22,11 +33,14 @@ from django.utils import timezone
 
 from runtime import chaos, engine
 from runtime.llm import Model, default_model
-from tasks import decisions, leases, services, values
+from tasks import checkpoints, decisions, leases, services, values
 from tasks.exceptions import StaleVersion, TransitionError
 from tasks.models import Task
 from tasks.states import RUNNABLE, State, Trigger
 from tasks.transitions import Actor, advance
+
+if TYPE_CHECKING:
+    from runtime.heartbeats import Heartbeats
 
 log = logging.getLogger(__name__)
 MAX_STEPS = 50  # bounded work per claim; the sweep hands the task out again
@@ -43,6 +57,8 @@ def run_task(
     model: Model | None = None,
     ttl: timedelta = leases.DEFAULT_TTL,
     held: leases.Held | None = None,
+    heartbeats: Heartbeats | None = None,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> str:
     """Run a task's steps until it waits or ends; return what stopped the loop."""
     lease = held or leases.claim(task_id, worker_id=worker_id, region=region, ttl=ttl)
@@ -51,21 +67,34 @@ def run_task(
     actor = Actor.worker(worker_id)
     model = model or default_model()
     hold: timedelta | None = None
+    if heartbeats is not None:
+        heartbeats.hold(lease)
+    point: services.ResumePoint | None = None
     try:
         for _ in range(MAX_STEPS):
-            # Before any work: a lease claimed in a batch may have lapsed while earlier tasks ran.
-            if not leases.heartbeat(lease, ttl=ttl):
+            if stopping():
+                return "draining"
+            # Before any work: the lease may have lapsed (a paused process) or been taken over.
+            if heartbeats is not None:
+                if heartbeats.lost(lease):
+                    return "lease_lost"
+            elif not leases.heartbeat(lease, ttl=ttl):
                 return "lease_lost"
-            point = services.task_resume_point(task_id, actor=actor, lease=lease)
-            task = point.task
-            if point.checkpoint is None or task.state not in RUNNABLE:  # None: quarantined instead
+            if point is None:
+                point = services.task_resume_point(task_id, actor=actor, lease=lease)
+            task, checkpoint = point.task, point.checkpoint
+            if checkpoint is None or task.state not in RUNNABLE:  # None: quarantined instead
                 return task.state
-            decision = engine.decide(task, point.checkpoint, model=model, now=timezone.now(), lease=lease)
+            decision = engine.decide(task, checkpoint, model=model, now=timezone.now(), lease=lease)
             if decision is None:
                 hold = DEFERRED_HOLD
                 return "deferred"  # e.g. a cancel waiting on a system that cannot answer yet
-            task = decisions.commit(task, decision, actor=actor, lease=lease)
-            chaos.after_commit(task, decision.progress.step if decision.progress else None)
+            done = decisions.commit_read(task, decision, actor=actor, lease=lease)
+            chaos.after_commit(done.task, decision.progress.step if decision.progress else None)
+            written = done.checkpoint
+            if written is not None:  # decoded as a load would, without the round trip
+                checkpoint = checkpoints.decode(written.body, written.schema_version)
+            point = services.ResumePoint(done.task, checkpoint)
         return "step_budget_spent"
     except StaleVersion as exc:  # includes LeaseLost: another writer won; our decision is void
         log.info("discarded a stale decision", extra={"task_id": str(task_id), "why": str(exc)})
@@ -84,6 +113,8 @@ def run_task(
         _quarantine_after_error(task_id, actor, lease, exc)
         return "step_error"
     finally:
+        if heartbeats is not None:
+            heartbeats.drop(lease)
         leases.release(lease, hold=hold)
 
 

@@ -22,8 +22,8 @@ from celery.worker.request import Request
 from django.conf import settings
 from django.db import DatabaseError
 
-from runtime import bulk, reconcile, reconnect, runner, sweep
-from tasks import doorbell, leases
+from runtime import bulk, heartbeats, reconcile, reconnect, runner, sweep
+from tasks import doorbell, leases, liveness
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +70,13 @@ def run_task(task_id: str) -> str:
     me, ttl = worker_id(), settings.LEASE_TTL_SECONDS
     while True:
         try:
+            liveness.ensure()  # this pool process's lock: its leases are free at once if it dies
             return runner.run_task(
-                task_id, worker_id=me, region=settings.WORKER_REGION, ttl=timedelta(seconds=ttl)
+                task_id,
+                worker_id=me,
+                region=settings.WORKER_REGION,
+                ttl=timedelta(seconds=ttl),
+                heartbeats=heartbeats.shared(timedelta(seconds=ttl)),
             )
         except reconnect.CONNECTION_LOST as error:
             # Past a lease's TTL there is nothing left to give back and the sweep rings again:

@@ -12,7 +12,7 @@ from tasks.checkpoints import Progress
 from tasks.leases import Held
 from tasks.models import Task
 from tasks.states import State, Trigger
-from tasks.transitions import ActionIntent, Actor, advance
+from tasks.transitions import ActionIntent, Actor, Advanced, advance, advance_read
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,16 @@ class Decision:
 
 def commit(task: Task, decision: Decision, *, actor: Actor, lease: Held | None = None) -> Task:
     """Apply ``decision`` to ``task`` at the version it was decided from (see ``advance``)."""
-    return advance(
-        task.id,
-        task.state_version,
-        decision.to_state,
+    return advance(task.id, task.state_version, decision.to_state, **_options(decision, actor, lease))
+
+
+def commit_read(task: Task, decision: Decision, *, actor: Actor, lease: Held) -> Advanced:
+    """``commit`` from the row the worker read, without reading it again (see ``advance_read``)."""
+    return advance_read(task, decision.to_state, **_options(decision, actor, lease))
+
+
+def _options(decision: Decision, actor: Actor, lease: Held | None) -> dict[str, Any]:
+    return dict(
         actor=actor,
         trigger=decision.trigger,
         reason=decision.reason,

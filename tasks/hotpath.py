@@ -11,14 +11,14 @@ the statements cannot drift from the models.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import ForeignObjectRel
+from django.db.models import ForeignObjectRel, QuerySet
 
 from tasks.models import Lease, Task
 
@@ -48,24 +48,61 @@ def _quoted(connection: BaseDatabaseWrapper, field: models.Field[Any, Any] | For
     return connection.ops.quote_name(field.column)
 
 
-def load_task(task_id: UUID | str) -> Task | None:
-    """``Task.objects.filter(pk=task_id).first()``, without building the query each time."""
+_SENTINEL = UUID(int=0)
+
+
+def _first(key: str, build: Callable[[UUID], QuerySet[Any]], task_id: UUID | str) -> Any:
+    """``build(task_id).first()``: the query is compiled once, with a stand-in id, then only the id changes.
+
+    Annotations of the query are set on the row as attributes, as the ORM would.
+    """
     connection, prepared = _connection(), _prepared()
-    if "select" not in prepared:
-        compiler = Task.objects.filter(pk=UUID(int=0)).query.get_compiler(connection=connection)
-        sql, _ = compiler.as_sql()
+    if key not in prepared:
+        queryset = build(_SENTINEL)
+        compiler = queryset.query.get_compiler(connection=connection)
+        sql, params = compiler.as_sql()
         converters = compiler.get_converters([col for col, _, _ in compiler.select])
-        prepared["select"] = (sql, compiler, converters, [f.attname for f in Task._meta.concrete_fields])
-    sql, compiler, converters, names = prepared["select"]
-    pk = Task._meta.pk
+        model = queryset.model
+        names = [f.attname for f in model._meta.concrete_fields]
+        stand_in = Task._meta.pk.get_db_prep_value(_SENTINEL, connection)  # as this backend binds a UUID
+        slots = [i for i, value in enumerate(params) if value == stand_in]
+        prepared[key] = (
+            sql,
+            list(params),
+            slots,
+            compiler,
+            converters,
+            model,
+            names,
+            list(queryset.query.annotation_select),
+        )
+    sql, params, slots, compiler, converters, model, names, annotations = prepared[key]
+    value = Task._meta.pk.get_db_prep_value(Task._meta.pk.to_python(task_id), connection)
+    params = list(params)
+    for slot in slots:
+        params[slot] = value
     with connection.cursor() as cursor:
-        cursor.execute(sql, [pk.get_db_prep_value(pk.to_python(task_id), connection)])
+        cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
         return None
     if converters:
         row = next(compiler.apply_converters([row], converters))
-    return Task.from_db(connection.alias, names, row)
+    found = model.from_db(connection.alias, names, row[: len(names)])
+    for name, extra in zip(annotations, row[len(names) :], strict=True):
+        setattr(found, name, extra)
+    return found
+
+
+def load_task(task_id: UUID | str) -> Task | None:
+    """``Task.objects.filter(pk=task_id).first()``, without building the query each time."""
+    task: Task | None = _first("task", lambda pk: Task.objects.filter(pk=pk), task_id)
+    return task
+
+
+def load(key: str, build: Callable[[UUID], QuerySet[Any]], task_id: UUID | str) -> Any:
+    """Any one-row read keyed by a task id, compiled once per connection (see ``_first``)."""
+    return _first(key, build, task_id)
 
 
 def compare_and_set(

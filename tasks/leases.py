@@ -3,7 +3,10 @@
 A worker claims a task before running its steps, heartbeats while it works
 and releases the lease when it stops. A worker that dies simply stops
 heartbeating: its lease lapses and the task — whose state only ever changed
-through committed transitions — becomes claimable again.
+through committed transitions — becomes claimable again. On PostgreSQL a dead
+worker's leases do not wait for their TTL: each lease names its holder's
+liveness lock (``tasks.liveness``), and a lease whose holder's lock is gone
+counts as lapsed.
 
 On PostgreSQL the claim locks candidate task rows with ``FOR UPDATE SKIP
 LOCKED``, so concurrent claimers never wait on each other and never claim the
@@ -13,15 +16,18 @@ compare-and-set is what keeps a claim single.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
 
-from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db import connection, transaction
+from django.db.models import Exists, F, OuterRef, Q
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from audit.models import LeaseTakeover
+from tasks import liveness
 from tasks.models import Lease, Task
 from tasks.states import RUNNABLE
 
@@ -37,56 +43,78 @@ class Held:
     token: int
 
 
+def _holder_alive() -> Q:
+    """A lease's holder is alive: it names no liveness lock, or its lock is held (``pg_locks``)."""
+    if not liveness.supported():
+        return Q()
+    return Q(holder_key__isnull=True) | Q(holder_key__in=RawSQL(liveness.HELD_KEYS_SQL, ()))
+
+
 def live_lease_exists(now: datetime) -> Exists:
-    """Subquery: the outer task has a lease that has not expired at ``now``."""
-    return Exists(Lease.objects.filter(task_id=OuterRef("pk"), expires_at__gt=now))
+    """Subquery: the outer task has a lease that has not expired at ``now`` and whose holder lives."""
+    return Exists(Lease.objects.filter(_holder_alive(), task_id=OuterRef("pk"), expires_at__gt=now))
 
 
-def _take(task_id: UUID, worker_id: str, now: datetime, ttl: timedelta) -> Held | None:
-    """Inside a transaction holding the task row: take its lease if none is live.
+def _gone_holders(leases: list[Lease]) -> set[int]:
+    """Of these leases' holder keys, the ones whose liveness lock is gone (one query, if any is asked)."""
+    keys = {lease.holder_key for lease in leases if lease.holder_key is not None}
+    if not keys or not liveness.supported():
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(liveness.HELD_KEYS_SQL)
+        held = {row[0] for row in cursor.fetchall()}
+    return keys - held
 
-    Taking a lease that lapsed in another worker's hands (it stopped
-    heartbeating; it did not release) writes a ``LeaseTakeover`` record in the
-    same transaction: who took it, from whom, and the token that went stale.
+
+def _take(task_ids: list[UUID], worker_id: str, now: datetime, ttl: timedelta) -> list[Held]:
+    """Inside a transaction holding these task rows: take each one's lease if none is live.
+
+    A few statements whatever the number of tasks: read (and lock) their lease
+    rows, insert the missing ones together, move the reclaimable ones on to the
+    next token together. Taking a lease that lapsed in another worker's hands
+    (it stopped heartbeating, or its process is gone; it did not release)
+    writes a ``LeaseTakeover`` record in the same transaction: who took it,
+    from whom, and the token that went stale. Every lease row is created and
+    moved under its task row's lock, so no other claimer races these writes.
     """
     expires = now + ttl
-    # Lock the lease row: the holder's heartbeat (an UPDATE) waits, then finds the token moved on.
-    previous = Lease.objects.select_for_update().filter(task_id=task_id).first()
-    if previous is None:
-        try:
-            with transaction.atomic():
-                Lease.objects.create(
-                    task_id=task_id,
-                    worker_id=worker_id,
-                    token=1,
-                    acquired_at=now,
-                    heartbeat_at=now,
-                    expires_at=expires,
-                )
-        except IntegrityError:
-            return None  # another claimer inserted first
-        return Held(task_id, worker_id, 1)
-    if previous.expires_at > now:
-        return None  # a live lease exists
-    # Compare-and-set on the token read above: SQLite takes no row lock, this keeps the claim single.
-    taken = Lease.objects.filter(task_id=task_id, token=previous.token, expires_at__lte=now).update(
-        worker_id=worker_id, token=F("token") + 1, acquired_at=now, heartbeat_at=now, expires_at=expires
-    )
+    holder_key = liveness.key()
+    mine = {"worker_id": worker_id, "acquired_at": now, "heartbeat_at": now, "expires_at": expires,
+            "holder_key": holder_key}  # fmt: skip
+    # Lock the lease rows: a holder's heartbeat (an UPDATE) waits, then finds the token moved on.
+    previous = {
+        lease.task_id: lease for lease in Lease.objects.select_for_update().filter(task_id__in=task_ids)
+    }
+    fresh = [Lease(task_id=task_id, token=1, **mine) for task_id in task_ids if task_id not in previous]
+    Lease.objects.bulk_create(fresh)
+    held = [Held(lease.task_id, worker_id, 1) for lease in fresh]
+    live = [lease for lease in previous.values() if lease.expires_at > now]
+    gone = _gone_holders(live)
+    taken = [lease for lease in previous.values() if lease.expires_at <= now or lease.holder_key in gone]
     if not taken:
-        return None
-    held = Held(task_id, worker_id, previous.token + 1)
+        return held
+    by_token: dict[int, list[UUID]] = {}
+    for lease in taken:
+        by_token.setdefault(lease.token, []).append(lease.task_id)
+    for token, ids in by_token.items():
+        # The rows are locked (FOR UPDATE above; SQLite: one writer at a time); the token is checked anyway.
+        Lease.objects.filter(task_id__in=ids, token=token).update(token=F("token") + 1, **mine)
+    held += [Held(lease.task_id, worker_id, lease.token + 1) for lease in taken]
     # release() ends a lease with heartbeat_at == expires_at; a lapsed one was still due a heartbeat.
-    if previous.worker_id != worker_id and previous.heartbeat_at < previous.expires_at:
-        LeaseTakeover.objects.create(
-            task_id=task_id,
+    LeaseTakeover.objects.bulk_create(
+        LeaseTakeover(
+            task_id=lease.task_id,
             worker_id=worker_id,
-            token=held.token,
-            previous_worker_id=previous.worker_id,
-            stale_token=previous.token,
-            previous_heartbeat_at=previous.heartbeat_at,
-            previous_expires_at=previous.expires_at,
+            token=lease.token + 1,
+            previous_worker_id=lease.worker_id,
+            stale_token=lease.token,
+            previous_heartbeat_at=lease.heartbeat_at,
+            previous_expires_at=lease.expires_at,
             taken_at=now,
         )
+        for lease in taken
+        if lease.worker_id != worker_id and lease.heartbeat_at < lease.expires_at
+    )
     return held
 
 
@@ -102,7 +130,8 @@ def claim(task_id: UUID | str, *, worker_id: str, region: str, ttl: timedelta = 
         )
         if task is None:
             return None
-        return _take(task.id, worker_id, now, ttl)
+        held = _take([task.id], worker_id, now, ttl)
+    return held[0] if held else None
 
 
 def claim_next(*, worker_id: str, region: str, limit: int = 1, ttl: timedelta = DEFAULT_TTL) -> list[Held]:
@@ -116,8 +145,7 @@ def claim_next(*, worker_id: str, region: str, limit: int = 1, ttl: timedelta = 
             .order_by("state_entered_at")
             .values_list("id", flat=True)[:limit]
         )
-        held = [_take(task_id, worker_id, now, ttl) for task_id in candidates]
-    return [lease for lease in held if lease is not None]
+        return _take(candidates, worker_id, now, ttl) if candidates else []
 
 
 def fence(lease: Held, *, live: bool = True) -> Exists:
@@ -136,6 +164,24 @@ def heartbeat(lease: Held, *, ttl: timedelta = DEFAULT_TTL) -> bool:
             heartbeat_at=now, expires_at=now + ttl
         )
     )
+
+
+def heartbeat_all(held: Collection[Held], *, ttl: timedelta = DEFAULT_TTL) -> set[UUID]:
+    """Extend each lease in ``held`` still held with its token (one UPDATE); return the lost ones' task ids.
+
+    A second query runs only when some were lost, to tell which.
+    """
+    if not held:
+        return set()
+    now = timezone.now()
+    mine = Q()
+    for lease in held:
+        mine |= Q(task_id=lease.task_id, token=lease.token)
+    extended = Lease.objects.filter(mine, expires_at__gt=now).update(heartbeat_at=now, expires_at=now + ttl)
+    if extended == len(held):
+        return set()
+    kept = set(Lease.objects.filter(mine, heartbeat_at=now).values_list("task_id", flat=True))
+    return {lease.task_id for lease in held} - kept
 
 
 def release(lease: Held, *, hold: timedelta | None = None) -> None:

@@ -148,6 +148,9 @@ class Lease(models.Model):
     acquired_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField()
     expires_at = models.DateTimeField()
+    # The holder process's liveness lock (tasks.liveness): while the lease has not expired, it is
+    # live only if that lock is still held. NULL: no such lock (SQLite, liveness off): TTL only.
+    holder_key = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         indexes = [

@@ -12,6 +12,7 @@ from uuid import UUID
 import django_filters
 from django import forms
 from django.conf import settings
+from django.db import connection
 from django.db.models import Count, Exists, F, Min, OuterRef, Q, QuerySet, Subquery, TextField
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
@@ -50,6 +51,7 @@ SEARCH_SQL = (
     " || ' ' || COALESCE(\"tasks_task\".\"idempotency_key\", '')"
     ' || \' \' || CAST("tasks_task"."input" AS text)'
 )
+FINISHED = "finished"  # state_counts: the terminal states counted together
 SEARCH_MIN = 3  # a trigram index cannot narrow a shorter term
 _HEX_ID = re.compile(r"^[0-9a-f]{4,32}$")
 AGES = {
@@ -102,10 +104,23 @@ class TaskFilter(django_filters.FilterSet):
     age = django_filters.ChoiceFilter(
         choices=[(key, f"over {key}") for key in AGES], method="filter_age", label="In state"
     )
+    # Quarantined for this reason code, as the triage page groups them (see ``_quarantine_code``).
+    held = django_filters.CharFilter(max_length=64, method="filter_held", label="Quarantined for")
 
     class Meta:
         model = Task
-        fields = ["q", "state", "task_type", "tenant", "region", "escalated", "stuck", "reason", "age"]
+        fields = [
+            "q",
+            "state",
+            "task_type",
+            "tenant",
+            "region",
+            "escalated",
+            "stuck",
+            "reason",
+            "age",
+            "held",
+        ]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -143,30 +158,31 @@ class TaskFilter(django_filters.FilterSet):
     def filter_age(self, queryset: QuerySet[Task], name: str, value: str) -> QuerySet[Task]:
         return queryset.filter(state_entered_at__lt=timezone.now() - AGES[value])
 
+    def filter_held(self, queryset: QuerySet[Task], name: str, value: str) -> QuerySet[Task]:
+        held = queryset.filter(state=State.QUARANTINED).annotate(quarantine_code=_quarantine_code())
+        return held.filter(quarantine_code=value.strip())
 
-def state_counts(tenant_ids: list[int], *, cap: int) -> tuple[dict[str, int], int]:
-    """Counts for the queue's summary bar: two queries, neither growing with history.
 
-    Live (non-terminal) states exactly: one GROUP BY restricted to those states, read
-    from the ``task_tenant_state_id`` index (tenant, state, -id) — it touches live work
-    only, which stays small while finished tasks pile up. Finished tasks (terminal
-    states) as one count capped at ``cap`` (``LIMIT cap + 1`` in a subquery), so a
-    million completed tasks cost ``cap`` index entries, not a million. Returns
-    ``({state: n}, finished)``; ``finished > cap`` means "more than cap".
+def state_counts(tenant_ids: list[int], *, cap: int) -> dict[str, int]:
+    """Counts for the queue's summary bar, each capped: one query whose cost does not grow with the table.
+
+    Every non-terminal state, and the terminal ones together under ``"finished"``, is
+    counted by a subquery that stops at ``cap + 1`` index entries (``LIMIT``), so a
+    million tasks in one state cost what a thousand do. The subqueries are joined by
+    ``UNION ALL`` into one round trip; the SQL is the ORM's own, so it runs on SQLite too.
+    A value above ``cap`` means "more than cap". States with no tasks are left out.
     """
-    rows = (
-        Task.objects.filter(tenant_id__in=tenant_ids, state__in=sorted(NON_TERMINAL))
-        .values("state")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    live = {row["state"]: row["n"] for row in rows}
-    finished = (
-        Task.objects.filter(tenant_id__in=tenant_ids, state__in=sorted(TERMINAL))
-        .values("id")[: cap + 1]
-        .count()
-    )
-    return live, finished
+    groups: list[tuple[str, Sequence[str]]] = [(state, [state]) for state in sorted(NON_TERMINAL)]
+    groups.append((FINISHED, sorted(TERMINAL)))
+    parts, params = [], []
+    for label, states in groups:
+        capped = Task.objects.filter(tenant_id__in=tenant_ids, state__in=states).values("id")[: cap + 1]
+        sql, capped_params = capped.query.sql_with_params()
+        parts.append(f"SELECT %s, (SELECT COUNT(*) FROM ({sql}) capped)")
+        params.extend([label, *capped_params])
+    with connection.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(parts), params)
+        return {label: n for label, n in cursor.fetchall() if n}
 
 
 def keyset_chunks(tasks: QuerySet[Task], *, size: int) -> Iterator[list[Task]]:
@@ -257,11 +273,15 @@ def _quarantine_entry() -> QuerySet[TransitionEvent]:
     )
 
 
+def _quarantine_code() -> Coalesce:
+    """Why the task was quarantined; a history gone with retention falls back to the task's own reason."""
+    return Coalesce(Subquery(_quarantine_entry().values("reason_code")[:1]), F("state_reason"))
+
+
 def _quarantined(tenant_ids: list[int]) -> QuerySet[WithAnnotations[Task, _Quarantine]]:
     entry = _quarantine_entry()
     return Task.objects.filter(tenant_id__in=tenant_ids, state=State.QUARANTINED).annotate(
-        # A history gone with retention falls back to the task's own reason.
-        quarantine_code=Coalesce(Subquery(entry.values("reason_code")[:1]), F("state_reason")),
+        quarantine_code=_quarantine_code(),
         quarantine_reason=Subquery(entry.values("reason")[:1]),
         quarantined_by=Subquery(entry.values("actor_id")[:1]),
     )

@@ -10,13 +10,13 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import OuterRef, Subquery
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 from pydantic import ValidationError
 
 from audit import canonical
 from audit.models import TransitionEvent
-from tasks import checkpoints, doorbell, registry
+from tasks import checkpoints, doorbell, hotpath, registry
 from tasks.checkpoints import Scalar
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.leases import Held
@@ -178,6 +178,17 @@ def task_rerun(
     )
 
 
+def _latest_checkpoint_row(task_id: UUID) -> QuerySet[Checkpoint]:
+    recorded = TransitionEvent.objects.filter(
+        task_id=OuterRef("task_id"), state_version=OuterRef("state_version")
+    ).values("checkpoint_digest")[:1]
+    return (
+        Checkpoint.objects.filter(task_id=task_id)
+        .annotate(recorded_digest=Subquery(recorded))
+        .order_by("-state_version")[:1]
+    )
+
+
 def latest_checkpoint(task: Task) -> checkpoints.Checkpoint:
     """Verify, decode (and migrate) the task's newest checkpoint.
 
@@ -186,15 +197,7 @@ def latest_checkpoint(task: Task) -> checkpoints.Checkpoint:
     transition wrote. Raises ``CheckpointUnreadable`` — including reason
     ``checkpoint_missing`` when the task has none.
     """
-    recorded = TransitionEvent.objects.filter(
-        task_id=OuterRef("task_id"), state_version=OuterRef("state_version")
-    ).values("checkpoint_digest")[:1]
-    row = (
-        Checkpoint.objects.filter(task=task)
-        .annotate(recorded_digest=Subquery(recorded))
-        .order_by("-state_version")
-        .first()
-    )
+    row = hotpath.load("latest_checkpoint", _latest_checkpoint_row, task.pk)
     if row is None:
         raise checkpoints.CheckpointUnreadable("checkpoint_missing", "task has no checkpoint")
     return checkpoints.decode_stored(row, recorded_digest=row.recorded_digest)
@@ -218,7 +221,9 @@ def task_resume_point(task_id: UUID | str, *, actor: Actor, lease: Held | None =
     reason instead of raising: nothing resumes from a guess. Raises
     ``StaleVersion`` only if the task moved while it was being quarantined.
     """
-    task = Task.objects.get(pk=task_id)
+    task = hotpath.load_task(task_id)
+    if task is None:
+        raise Task.DoesNotExist(f"task {task_id} does not exist")
     try:
         return ResumePoint(task, latest_checkpoint(task))
     except checkpoints.CheckpointUnreadable as exc:

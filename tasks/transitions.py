@@ -254,6 +254,28 @@ def task_start(
     return task
 
 
+@dataclass(frozen=True)
+class Advanced:
+    """What ``advance_read`` committed: the task at its new version, and the checkpoint row it wrote."""
+
+    task: Task
+    checkpoint: Checkpoint | None
+
+
+def advance_read(task: Task, to_state: State | str, **options: Any) -> Advanced:
+    """``advance(task.id, task.state_version, to_state, ...)`` from a row the caller read itself.
+
+    The task is not read again inside the transaction: the compare-and-set on
+    ``state_version`` proves the row is still the one read, since every change
+    to a task goes through a transition and bumps its version. For a worker
+    holding the lease, which runs several steps in a row: it also gets back the
+    checkpoint it wrote, so it resumes the next step without reading it back.
+    ``task`` must be as read: it becomes the new version (and is useless after
+    a refusal).
+    """
+    return _advance(task.id, task.state_version, to_state, current=task, **options)
+
+
 def advance(
     task_id: UUID | str,
     expected_version: int,
@@ -302,6 +324,30 @@ def advance(
     - ``IntegrityError`` — an action whose idempotency key already exists, or
       a ``records`` row breaking a unique constraint (a duplicate delivery).
     """
+    return _advance(
+        task_id, expected_version, to_state, current=None, actor=actor, trigger=trigger, reason=reason,
+        reason_code=reason_code, progress=progress, actions=actions, lease=lease, records=records,
+        also=also, **changes,
+    ).task  # fmt: skip
+
+
+def _advance(
+    task_id: UUID | str,
+    expected_version: int,
+    to_state: State | str,
+    *,
+    current: Task | None,
+    actor: Actor,
+    trigger: Trigger | str | None = None,
+    reason: str = "",
+    reason_code: str = "",
+    progress: checkpoints.Progress | None = None,
+    actions: Iterable[ActionIntent] = (),
+    lease: Held | None = None,
+    records: Iterable[models.Model] = (),
+    also: Iterable[Callable[[], None]] = (),
+    **changes: Any,
+) -> Advanced:
     unknown = set(changes) - CHANGEABLE
     if unknown:
         raise ValueError(f"advance() cannot change {sorted(unknown)}")
@@ -312,7 +358,7 @@ def advance(
     ) as span:
         trace_id, traceparent = _trace_ids()
         with transaction.atomic(durable=True):
-            task = hotpath.load_task(task_id)
+            task = current if current is not None else hotpath.load_task(task_id)
             if task is None:
                 raise TaskNotFound(f"task {task_id} does not exist")
             if task.state_version != expected_version:
@@ -366,10 +412,10 @@ def advance(
                 task, expected_version=expected_version, from_state=from_state, fields=WRITTEN, lease=fence
             )
             if not updated:
-                current = Task.objects.filter(pk=task.pk).values("state", "state_version").get()
-                if lease is not None and current["state_version"] == expected_version:
-                    raise LeaseLost(f"lease #{lease.token} on task {task.pk} is no longer held", **current)
-                raise StaleVersion(f"task moved on from version {expected_version}", **current)
+                now_at = Task.objects.filter(pk=task.pk).values("state", "state_version").get()
+                if lease is not None and now_at["state_version"] == expected_version:
+                    raise LeaseLost(f"lease #{lease.token} on task {task.pk} is no longer held", **now_at)
+                raise StaleVersion(f"task moved on from version {expected_version}", **now_at)
             _write_history(event, checkpoint, rows, records)
             for write in also:
                 write()
@@ -378,4 +424,4 @@ def advance(
         "task advanced",
         extra={"task_id": str(task.id), "from": from_state, "to": to_state, "version": task.state_version},
     )
-    return task
+    return Advanced(task, checkpoint)

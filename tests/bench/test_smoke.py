@@ -42,8 +42,24 @@ def test_the_transition_benchmark_runs_and_matches_advance():
 
 
 def test_the_end_to_end_benchmark_runs_and_verifies_every_task():
-    out = run_bench("e2e.py", "--tasks", "20", "--recovery-tasks", "20")
-    assert "audit chains intact" in out and "SIGKILL all workers" in out
+    out = run_bench("e2e.py", "--tasks", "20", "--recovery-tasks", "60", "--concurrency", "2")
+    assert "audit chains intact" in out and "SIGKILL all victims" in out
+
+
+def test_the_end_to_end_benchmark_runs_the_peer_on_the_same_work():
+    out = run_bench(
+        "e2e.py",
+        "--tasks",
+        "20",
+        "--recovery-tasks",
+        "0",
+        "--concurrency",
+        "4",
+        "--latency-ms",
+        "50",
+        "--peers",
+    )
+    assert "ours / DBOS:" in out and "audit chains intact" in out
 
 
 def test_the_approvals_benchmark_runs_at_two_sizes():

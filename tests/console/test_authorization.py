@@ -40,10 +40,9 @@ USER_FIXTURES = {
 
 # Answers. LOGIN: 302 to the login page. REDIRECT: 302 elsewhere (GET pages that only route).
 # DONE: a POST that was carried out (302 onwards, and the write is in the database).
-# REFUSED: a POST answered 302 with an error message, and nothing written.
 # PASSED: a POST past the access check (302 back to the page, not 403/404); whether it could act
 # depends on the task's state, which this matrix does not vary.
-LOGIN, REDIRECT, DONE, REFUSED, PASSED = "login", "redirect", "done", "refused", "passed"
+LOGIN, REDIRECT, DONE, PASSED = "login", "redirect", "done", "passed"
 
 
 @dataclass(frozen=True)
@@ -71,8 +70,8 @@ EXPECTED: dict[str, Row] = {
     "landing": row("GET", LOGIN, REDIRECT, REDIRECT, REDIRECT, REDIRECT, REDIRECT),
     "approvals": row("GET", LOGIN, 200, 200, 200, 200, 200),
     "approval": row("GET", LOGIN, 404, 200, 200, 200, 200),
-    # Deciding is refused by approval_decide's service (ApprovalRefused) with a message, not a 403.
-    "approval-decide": row("POST", LOGIN, 404, REFUSED, REFUSED, DONE, REFUSED),
+    # Deciding: approvers; a tenant role that may read the request but not decide it gets the 403 page.
+    "approval-decide": row("POST", LOGIN, 404, 403, 403, DONE, 403),
     # The audit log: auditors, operators, admins (AUDIT_ROLES); approvers 403 (separation of duties).
     "audit": row("GET", LOGIN, 200, 200, 200, 403, 200),
     "audit-export": row("GET", LOGIN, 200, 200, 200, 403, 200),
@@ -207,13 +206,11 @@ def test_the_answer_matches_the_matrix(request, pattern, role, acme, operator):
 
     if want == LOGIN:
         assert got == 302 and where.startswith("/accounts/login/"), (got, where)
-    elif want in (REDIRECT, DONE, REFUSED, PASSED):
+    elif want in (REDIRECT, DONE, PASSED):
         assert got == 302 and not where.startswith("/accounts/login/"), (got, where)
         acted = _acted(pattern.name, world)
         if want == DONE:
             assert acted in (True, None), "allowed, but the write did not happen"
-        elif want == REFUSED:
-            assert acted is False, "refused, but the write happened"
     else:
         assert got == want, (got, where)
         if expected.method == "POST":

@@ -10,6 +10,7 @@ from tasks.models import Task
 from tasks.states import State, Trigger
 from tasks.transitions import Actor, advance
 from tests.conftest import make_task
+from tests.foreign_checkpoints import written_as
 
 pytestmark = pytest.mark.django_db
 
@@ -146,3 +147,59 @@ def test_the_triage_list_runs_a_bounded_number_of_queries(operator, acme, django
     with django_assert_max_num_queries(5):
         response = client.get("/console/quarantine/", {"reason": "step_error"})
     assert len(response.context["page"].tasks) == 30
+
+
+def test_an_operator_acts_on_every_task_held_for_a_reason_through_the_bulk_preview(operator, acme):
+    held = [quarantined(acme, "resend_limit_reached") for _ in range(2)]
+    advance(  # escalated while held: still held for the same reason
+        held[1].id, 2, State.QUARANTINED, actor=Actor.system("tests"), trigger=Trigger.ESCALATE,
+        reason="look", reason_code="escalate", escalation_level=1, escalated_to="admin",
+    )  # fmt: skip
+    quarantined(acme, "step_error")
+    client = client_for(operator)
+    page = client.get("/console/quarantine/", {"reason": "resend_limit_reached"}).content.decode()
+    assert 'name="held" value="resend_limit_reached"' in page and 'value="retry_migration"' in page
+    preview = client.get(
+        "/console/bulk/new/", {"held": "resend_limit_reached", "control": "release", "target": "all"}
+    )
+    assert preview.status_code == 200 and preview.context["count"] == 2
+    assert {task.id for task in preview.context["sample"]} == {task.id for task in held}
+    assert preview.context["back"] == "/console/quarantine/?reason=resend_limit_reached"
+    confirmed = client.post(
+        "/console/bulk/new/",
+        {"held": "resend_limit_reached", "control": "release", "target": "all", "reason": "system checked"},
+    )
+    assert confirmed.status_code == 302
+    assert {Task.objects.get(pk=task.pk).state for task in held} == {State.RESUME_VALIDATION}
+    assert Task.objects.filter(state=State.QUARANTINED).count() == 1  # the step error stays held
+
+
+def test_retry_migration_in_bulk_reports_the_checkpoints_that_still_do_not_read(operator, acme):
+    from runtime.models import BulkOperation, Outcome
+
+    readable = quarantined(acme, "checkpoint_unmigratable")
+    with written_as(body="{not json", schema_version=2):
+        broken = make_task(acme)
+    advance(broken.id, 1, State.QUARANTINED, actor=Actor.system("t"), reason_code="checkpoint_unmigratable")
+    client = client_for(operator)
+    client.post(
+        "/console/bulk/new/",
+        {
+            "held": "checkpoint_unmigratable",
+            "control": "retry_migration",
+            "target": "all",
+            "reason": "v3 deployed",
+        },
+    )
+    results = {r.task_id: r for r in BulkOperation.objects.get().results.all()}
+    assert results[readable.id].outcome == Outcome.APPLIED
+    assert results[broken.id].outcome == Outcome.REFUSED and "checkpoint_corrupt" in results[broken.id].detail
+    assert Task.objects.get(pk=broken.pk).state == State.QUARANTINED
+
+
+def test_an_unreadable_checkpoint_is_shown_as_stored_on_the_task_page(operator, acme):
+    with written_as(body='{"schema_version": 2, "step": <garbled>', schema_version=2):
+        task = make_task(acme)
+    page = client_for(operator).get(f"/console/tasks/{task.id}/").content.decode()
+    assert "This checkpoint cannot be read" in page
+    assert "schema 2 · codec" in page and "&quot;step&quot;: &lt;garbled&gt;" in page

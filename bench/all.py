@@ -1,0 +1,165 @@
+"""Every benchmark that says how fast and how robust the runtime is, in one run (``make bench-all``).
+
+What it runs, each as its own script in a subprocess (each creates and drops its own database):
+
+1. ``transitions.py``: ``advance()`` against the same SQL issued raw, at 1 and 8 writers.
+2. ``e2e.py`` throughput cells: ``order_lookup`` at 1/2/4 worker processes x 1/16/64 tasks in
+   flight x 0/300 ms model latency. Tasks per cell are sized from the work's expected rate so each
+   cell takes seconds, not minutes (``--cell-seconds``).
+3. The peers: the same work on DBOS Transact (``bench/peers``) in the same run, against the same
+   PostgreSQL server and sandbox, at 2 processes x 1/16 in flight x 0/300 ms; ratios ours/DBOS.
+4. Recovery: 2 victims and 2 survivors, every victim SIGKILLed mid-run, with liveness (30 s TTL)
+   and without it (5 s TTL, the fallback).
+
+Each figure is the median over ``--repeat`` runs. Results are printed as tables and written as JSON
+to ``bench/results/all-<time>.json``. The machine has 2 cores: cells at 4 processes x 64 measure
+CPU, not the runtime's waiting. ``--quick`` runs a reduced matrix (what the smoke test uses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import DEFAULT_SERVER_URL, RESULTS_DIR  # noqa: E402
+
+RESULTS_LINE = re.compile(r"^results\s+(\S+\.json)$", re.MULTILINE)
+CPU_BOUND_RATE = 60.0  # tasks/s this 2-core machine reaches when nothing waits; sizes the cells
+
+
+def _run(script: str, *args: str) -> dict[str, Any]:
+    """Run ``bench/<script>`` and return the JSON it saved."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, f"bench/{script}", *args], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"bench/{script} {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
+    found = RESULTS_LINE.search(done.stdout)
+    if found is None:
+        raise RuntimeError(f"bench/{script} printed no results file:\n{done.stdout[-2000:]}")
+    path = ROOT / found.group(1)
+    result = json.loads(path.read_text())
+    path.unlink()  # folded into this run's file
+    print(f"  {script} {' '.join(args)}  ({time.monotonic() - started:.0f} s)", flush=True)
+    return result
+
+
+def _tasks_for(processes: int, concurrency: int, latency_ms: int, seconds: float) -> int:
+    """Enough tasks to keep the cell busy about ``seconds``: its expected rate times that."""
+    step_s = 0.03 + latency_ms / 1000  # the work's own time per task, model included
+    rate = min(CPU_BOUND_RATE, processes * concurrency / step_s)
+    return max(40, min(1000, int(rate * seconds)))
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(run[key] for run in runs)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
+    parser.add_argument("--repeat", type=int, default=1, help="runs per cell; the median is reported")
+    parser.add_argument("--cell-seconds", type=float, default=8.0, help="target busy time per cell")
+    parser.add_argument("--quick", action="store_true", help="a reduced matrix (smoke test)")
+    parser.add_argument("--no-peers", action="store_true", help="skip DBOS")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("DATABASE_URL", DEFAULT_SERVER_URL)
+    started = time.monotonic()
+    results: dict[str, Any] = {"started": datetime.now(UTC).isoformat(), "load": os.getloadavg()}
+
+    processes, concurrencies, latencies = (
+        ([2], [1, 4], [0, 50]) if args.quick else ([1, 2, 4], [1, 16, 64], [0, 300])
+    )
+    seconds = 1.0 if args.quick else args.cell_seconds
+
+    print("transitions", flush=True)
+    transitions = _run("transitions.py", "--seconds", "0.5" if args.quick else "3", "--writers", "1,8")
+    results["transitions"] = {
+        "table": transitions["table"],
+        "ratio_at_8_writers": transitions["ratio_at_max_writers"],
+    }
+
+    print("end to end", flush=True)
+    cells = []
+    for latency in latencies:
+        for p in processes:
+            for c in concurrencies:
+                tasks = _tasks_for(p, c, latency, seconds)
+                common = ["--tasks", str(tasks), "--workers", str(p), "--concurrency", str(c),
+                          "--latency-ms", str(latency), "--recovery-tasks", "0"]  # fmt: skip
+                peer = not args.no_peers and p == 2 and c in (1, 16)
+                runs = [_run("e2e.py", *common, *(["--peers"] if peer else [])) for _ in range(args.repeat)]
+                cell: dict[str, Any] = {
+                    "processes": p, "concurrency": c, "latency_ms": latency, "tasks": tasks,
+                    "tasks_per_s": statistics.median(r["throughput"]["tasks_per_s"] for r in runs),
+                    "transitions_per_s": statistics.median(
+                        r["throughput"]["transitions_per_s"] for r in runs
+                    ),
+                }  # fmt: skip
+                if peer:
+                    cell["dbos_workflows_per_s"] = statistics.median(
+                        r["peer"]["workflows_per_s"] for r in runs
+                    )
+                    cell["ours_over_dbos"] = cell["tasks_per_s"] / cell["dbos_workflows_per_s"]
+                cells.append(cell)
+    results["e2e"] = cells
+
+    print("recovery", flush=True)
+    recovery_tasks = "200" if args.quick else "1000"
+    recoveries = []
+    for ttl, liveness in (("30", "--liveness"), ("5", "--no-liveness")):
+        run = _run("e2e.py", "--tasks", "40", "--recovery-tasks", recovery_tasks, "--concurrency", "16",
+                   "--lease-ttl", ttl, liveness)  # fmt: skip
+        recoveries.append(run["recovery"])
+    results["recovery"] = recoveries
+    results["seconds"] = time.monotonic() - started
+
+    print(render(results))
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"all-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.json"
+    path.write_text(json.dumps(results, indent=2))
+    print(f"\nresults     {path.relative_to(ROOT)}")
+    return 0
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = [f"\n## transitions (advance vs raw SQL)\n\n{results['transitions']['table']}"]
+    lines.append("\n## order_lookup end to end (tasks/s; ours / DBOS where measured)\n")
+    lines.append(
+        "| model ms | processes | in flight | tasks | ours tasks/s | DBOS workflows/s | ours / DBOS |"
+    )
+    lines.append("|---|---|---|---|---|---|---|")
+    for cell in results["e2e"]:
+        dbos = f"{cell['dbos_workflows_per_s']:.1f}" if "dbos_workflows_per_s" in cell else ""
+        ratio = f"{cell['ours_over_dbos']:.2f}x" if "ours_over_dbos" in cell else ""
+        lines.append(f"| {cell['latency_ms']} | {cell['processes']} | {cell['concurrency']} "
+                     f"| {cell['tasks']} | "
+                     f"{cell['tasks_per_s']:.1f} | {dbos} | {ratio} |")  # fmt: skip
+    lines.append("\n## recovery after SIGKILL of every victim\n")
+    lines.append("| liveness | lease TTL s | stranded | back in progress s | first commit s | all done s |")
+    lines.append("|---|---|---|---|---|---|")
+    for r in results["recovery"]:
+        lines.append(f"| {'on' if r['liveness'] else 'off'} | {r['lease_ttl_s']:g} | {r['leased_at_kill']} | "
+                     f"{r['back_in_progress_s']:.2f} | {r['first_commit_s']:.2f} "
+                     f"| {r['all_done_s']:.1f} |")  # fmt: skip
+    lines.append(f"\nwhole run {results['seconds'] / 60:.1f} min")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""One thread per worker process keeps every lease the process holds alive.
+
+A task in flight may spend seconds in a model call or an outside system's
+answer; its lease must not lapse meanwhile, and its own thread is busy
+waiting. So the leases of all in-flight tasks are extended together, by one
+UPDATE every ``ttl / 3`` (``tasks.leases.heartbeat_all``), from a thread of
+their own. A lease found lost (taken over, or lapsed while this process was
+paused) is marked, and the slot running it stops before its next step; its
+commit would have been refused anyway, since every write carries the lease's
+token and expiry in its own statement (``tasks.leases.fence``).
+
+The same thread checks the process's liveness connection (``tasks.liveness``)
+and reopens it after a database restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from datetime import timedelta
+from uuid import UUID
+
+from django.db import connections
+
+from runtime.reconnect import CONNECTION_LOST, drop_connections
+from tasks import leases, liveness
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeats:
+    def __init__(self, ttl: timedelta, *, every: float | None = None):
+        self.ttl = ttl
+        self.every = every if every is not None else max(0.2, ttl.total_seconds() / 3)
+        self._held: dict[UUID, leases.Held] = {}
+        self._lost: set[UUID] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- what the slots call ---------------------------------------------------------------------
+
+    def hold(self, lease: leases.Held) -> None:
+        with self._lock:
+            self._held[lease.task_id] = lease
+            self._lost.discard(lease.task_id)
+
+    def drop(self, lease: leases.Held) -> None:
+        with self._lock:
+            if self._held.get(lease.task_id) == lease:
+                del self._held[lease.task_id]
+            self._lost.discard(lease.task_id)
+
+    def lost(self, lease: leases.Held) -> bool:
+        """Whether the last beat found ``lease`` gone (no round trip)."""
+        with self._lock:
+            return lease.task_id in self._lost
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    # --- the beating thread ----------------------------------------------------------------------
+
+    def beat(self) -> set[UUID]:
+        """Extend every held lease once; return the task ids found lost."""
+        with self._lock:
+            held = list(self._held.values())
+        gone = leases.heartbeat_all(held, ttl=self.ttl)
+        if gone:
+            with self._lock:
+                self._lost |= gone
+            log.warning("leases lost: %s", ", ".join(sorted(str(task_id) for task_id in gone)))
+        return gone
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="heartbeats", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.every + 5)
+            self._thread = None
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.every):
+                try:
+                    if not liveness.healthy():
+                        liveness.ensure()
+                    self.beat()
+                except CONNECTION_LOST:
+                    # The database is away: nothing to extend now; the slots find out on their own.
+                    log.warning("heartbeat failed: database unavailable")
+                    drop_connections()
+                except Exception:  # never let the beating thread die quietly
+                    log.exception("heartbeat failed")
+        finally:
+            connections.close_all()
+
+
+_shared: tuple[int, Heartbeats] | None = None
+_shared_lock = threading.Lock()
+
+
+def shared(ttl: timedelta) -> Heartbeats:
+    """This process's heartbeat thread for callers without a loop of their own (the Celery entry
+    point, one doorbell per pool thread or process), started on first use; a forked child starts its own."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared[0] != os.getpid():
+            beats = Heartbeats(ttl)
+            beats.start()
+            _shared = (os.getpid(), beats)
+        return _shared[1]

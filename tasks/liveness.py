@@ -1,0 +1,120 @@
+"""Worker liveness the database itself can see: one session-level advisory lock per worker process.
+
+A lease's TTL is how long others wait for a worker that stopped heartbeating.
+For the commonest failure — the process died (SIGKILL, OOM, a crashed pod) —
+that wait is unnecessary: the kernel closes the dead process's sockets, its
+PostgreSQL session ends, and every lock the session held is released at once.
+So each worker process holds ``pg_advisory_lock(key)`` on a connection of its
+own, for as long as it lives, and stamps ``key`` on every lease it takes
+(``Lease.holder_key``). A claimer treats a live lease whose holder's lock is
+gone (not in ``pg_locks``) as lapsed: the task is claimable at once, and the
+takeover bumps the token, so fencing is exactly as strict as with the TTL.
+
+A worker that is paused (SIGSTOP, a long GC, a VM freeze) keeps its connection
+and its lock: its leases lapse by TTL as before, and its late writes are
+fenced by the token. A machine that vanishes without closing its sockets is
+noticed by TCP keepalives (set on the liveness connection) or, at the latest,
+by the TTL. SQLite (the embedded demo) has no advisory locks: leases carry no
+key and lapse by TTL only. Behind a transaction-pooling proxy (PgBouncer in
+``transaction`` mode) a session lock means nothing: set ``WORKER_LIVENESS=0``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.db import OperationalError, connections
+
+log = logging.getLogger(__name__)
+
+# pg_advisory_lock(bigint) shows in pg_locks as classid = high 32 bits, objid = low 32 bits, objsubid = 1.
+HELD_KEYS_SQL = (
+    "SELECT (l.classid::bigint << 32) | l.objid::bigint FROM pg_locks l "
+    "WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted"
+)
+APPLICATION_NAME = "durable-worker-liveness"  # how the lock's session shows in pg_stat_activity
+_KEEPALIVE = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3}
+
+_lock = threading.Lock()
+_key: int | None = None
+_conn: psycopg.Connection[Any] | None = None
+_pid: int | None = None
+_inherited: list[object] = []  # connections a forked child must neither use nor close: kept, never touched
+
+
+def supported() -> bool:
+    return connections["default"].vendor == "postgresql" and bool(getattr(settings, "WORKER_LIVENESS", True))
+
+
+def _connect_params() -> dict[str, Any]:
+    params = dict(connections["default"].get_connection_params())
+    for django_only in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(django_only, None)
+    return {**params, **_KEEPALIVE, "autocommit": True, "application_name": APPLICATION_NAME}
+
+
+def key() -> int | None:
+    """This process's liveness key, once ``ensure`` took its lock (None: leases lapse by TTL only)."""
+    return _key if _pid == os.getpid() else None
+
+
+def ensure() -> int | None:
+    """Hold this process's liveness lock, (re)connecting if needed; return its key.
+
+    Raises Django's ``OperationalError`` when the database cannot be reached.
+
+    Cheap when the lock is held. After a fork the child takes a lock of its own
+    (the parent's connection is left alone: closing it would end the parent's
+    session). A connection lost with the database is reopened with the same key,
+    so the leases stamped with it count as alive again; any that another worker
+    took meanwhile carry a newer token, which fences this worker off them.
+    """
+    global _key, _conn, _pid
+    if not supported():
+        return None
+    with _lock:
+        if _pid != os.getpid():
+            if _conn is not None:
+                _inherited.append(_conn)
+            _key, _conn, _pid = secrets.randbits(62) + 1, None, os.getpid()
+        if _conn is not None and not _conn.closed and not _conn.broken:
+            return _key
+        try:
+            conn = psycopg.connect(**_connect_params())
+            conn.execute("SELECT pg_advisory_lock(%s)", (_key,))
+        except psycopg.Error as exc:  # as Django's own connections report it, so callers handle one kind
+            raise OperationalError(f"liveness lock: {exc}") from exc
+        _conn = conn
+        log.info("worker liveness lock %s held", _key)
+        return _key
+
+
+def healthy() -> bool:
+    """Whether the liveness connection answers (a round trip); False means ``ensure`` must reconnect."""
+    with _lock:
+        conn = _conn if _pid == os.getpid() else None
+        if conn is None:
+            return not supported()
+        try:
+            conn.execute("SELECT 1")
+        except psycopg.Error:
+            return False
+        return True
+
+
+def stop() -> None:
+    """Release the lock (the process is about to exit cleanly, its leases already given back)."""
+    global _conn
+    with _lock:
+        if _conn is not None and _pid == os.getpid():
+            try:
+                _conn.close()
+            except psycopg.Error:
+                pass
+        _conn = None
