@@ -16,7 +16,7 @@ PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check --require-
 PIP_TOOLS ?= pip-tools==7.6.2
 LOCK_VENV ?= var/pip-tools
 
-.PHONY: install install-dev demo test chaos bench bench-e2e bench-approvals bench-console lint locks
+.PHONY: install install-dev demo test chaos bench bench-e2e bench-approvals bench-console bench-all lint locks
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -38,7 +38,11 @@ test: install-dev
 	scripts/ensure-chromium
 	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 2 $(PYTEST_ARGS) || { status=$$?; [ "$$status" -eq 5 ] && [ -n "$${CI:-}" ]; }
 
-chaos: install-dev  # only the fault-injection suites: real processes killed, frozen, starved, poisoned
+# The chaos soak at full size (scripts/soak.py; a small one runs in make test), then the fault suites:
+# real processes killed, frozen, starved, poisoned. SOAK_ARGS=... changes the soak's size.
+SOAK_ARGS ?= --tasks 10000 --kills 100
+chaos: install-dev
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python scripts/soak.py $(SOAK_ARGS)
 	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 2 tests/chaos tests/runtime tests/ledger $(PYTEST_ARGS)
 
 # mypy's django-stubs plugin imports config.settings, which reads the environment: pin what it needs
@@ -75,3 +79,6 @@ bench-approvals: install
 
 bench-console: install
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/console.py
+
+bench-all: install  # every figure in one run (under 15 minutes): bench/all.py, JSON in bench/results/
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/all.py

@@ -22,8 +22,9 @@ What it measures
 
     The sandbox is served by gunicorn (``--server gunicorn``, the default; ``runserver`` is the
     alternative) on a free port, against the benchmark database; workers find it through
-    ``SANDBOX_BASE_URL``. Workers run without ``--sweep`` (no wait or unknown outcome needs the
-    sweep here; ``--sweep`` adds it). Everything runs with DEBUG off.
+    ``SANDBOX_BASE_URL``. Workers run with ``--sweep``, as deployed: a read that failed (a reset
+    connection under load) waits in ``waiting_retry`` for the sweep; ``--no-sweep`` leaves it out.
+    Everything runs with DEBUG off.
 
     Afterwards every task is checked: completed, the outcome's order status is the record's, its
     audit chain verifies, and no step committed twice (exactly four events: start + three steps).
@@ -620,7 +621,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="workers hold a liveness lock (WORKER_LIVENESS; default on)")  # fmt: skip
     parser.add_argument("--kill-after", type=float, default=0.25,
                         help="share of the recovery tasks done before the kill (default 0.25)")  # fmt: skip
-    parser.add_argument("--sweep", action="store_true", help="run the workers with --sweep")
+    parser.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the workers with --sweep, as deployed (default on)")  # fmt: skip
     parser.add_argument("--server", choices=("gunicorn", "runserver"), default="gunicorn")
     parser.add_argument("--server-workers", type=int, default=2, help="gunicorn processes (default 2)")
     parser.add_argument("--server-threads", type=int, default=4, help="gunicorn threads each (default 4)")
@@ -686,6 +688,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 peer = run_dbos(
                     server_url=server_url, sandbox_url=server.sandbox, tasks=args.tasks,
                     processes=args.workers, concurrency=args.concurrency, latency_ms=int(args.latency_ms),
+                    database=f"{args.database}_dbos",
                 )  # fmt: skip
                 print(f"  peers       DBOS {peer['dbos_version']}: {peer['workflows_per_s']:.1f} workflows/s "
                       f"({peer['busy_s']:.1f} s busy)", flush=True)  # fmt: skip

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 
 from django.db import connections
 
+APPLICATION_NAME = "durable-worker"  # how the pool's sessions show in pg_stat_activity
 POOL_TIMEOUT = 30.0  # seconds a thread waits for a free connection before its step fails (and is retried)
 
 
@@ -28,7 +29,9 @@ def use_pool(size: int) -> bool:
     if conn.vendor != "postgresql":
         return False
     conn.close()  # a connection opened before (system checks) would bypass the pool
-    conn.settings_dict["OPTIONS"]["pool"] = {"min_size": 1, "max_size": size, "timeout": POOL_TIMEOUT}
+    options = conn.settings_dict["OPTIONS"]
+    options["pool"] = {"min_size": 1, "max_size": size, "timeout": POOL_TIMEOUT}
+    options.setdefault("application_name", APPLICATION_NAME)
     return True
 
 

@@ -52,11 +52,14 @@ class Loop:
     # returns work done. Slots free up many times a second under load: the chores need not follow.
     chores: Callable[[], int] = lambda: 0
     chore_every: float = 1.0
-    ran: int = 0
     draining: threading.Event = field(default_factory=threading.Event)
 
-    def run(self, *, should_stop: Callable[[], bool], once: bool = False) -> None:
-        liveness.ensure()
+    def run(self, *, should_stop: Callable[[], bool], once: bool = False) -> bool:
+        """Loop until ``should_stop()``; False if tasks were still in hand after ``drain`` seconds."""
+        try:
+            liveness.ensure()
+        except reconnect.CONNECTION_LOST:  # the database is away: the heartbeat thread takes the lock later
+            log.warning("no liveness lock yet: the database is not answering")
         beats = Heartbeats(self.ttl)
         beats.start()
         in_flight: set[Future[str]] = set()
@@ -77,8 +80,7 @@ class Loop:
                 except reconnect.CONNECTION_LOST as error:
                     if not reconnect.recover(self.worker_id, error, stopping=should_stop, release=False):
                         break
-                    liveness.ensure()
-                    continue
+                    continue  # the heartbeat thread retakes the liveness lock if it went with the database
                 for lease in claimed:
                     in_flight.add(pool.submit(self._slot, lease, beats))
                 if once:  # one round: what it claimed runs to its end, as without --once
@@ -101,6 +103,7 @@ class Loop:
                             len(unfinished))  # fmt: skip
             pool.shutdown(wait=not unfinished, cancel_futures=True)
             beats.stop()
+        return not unfinished
 
     def _claim(self, free: int) -> list[leases.Held]:
         return leases.claim_next(worker_id=self.worker_id, region=self.region, limit=free, ttl=self.ttl)
@@ -108,26 +111,23 @@ class Loop:
     def _slot(self, lease: leases.Held, beats: Heartbeats) -> str:
         """Run one claimed task in this slot's thread; a lost database is waited out here, for it only."""
         try:
-            while True:
-                try:
-                    return runner.run_task(
-                        lease.task_id, worker_id=self.worker_id, region=self.region, ttl=self.ttl,
-                        held=lease, heartbeats=beats, stopping=self.draining.is_set,
-                    )  # fmt: skip
-                except reconnect.CONNECTION_LOST as error:
-                    beats.drop(lease)
-                    if not reconnect.recover(
-                        self.worker_id, error, task_id=lease.task_id, stopping=self.draining.is_set,
-                        give_up_after=self.ttl.total_seconds(),
-                    ):  # fmt: skip
-                        return "database_unavailable"
-                    return "lease_released"  # recover gave it back: any worker (this one too) claims it anew
+            return runner.run_task(
+                lease.task_id, worker_id=self.worker_id, region=self.region, ttl=self.ttl,
+                held=lease, heartbeats=beats, stopping=self.draining.is_set,
+            )  # fmt: skip
+        except reconnect.CONNECTION_LOST as error:
+            beats.drop(lease)
+            if not reconnect.recover(
+                self.worker_id, error, task_id=lease.task_id, stopping=self.draining.is_set,
+                give_up_after=self.ttl.total_seconds(),
+            ):  # fmt: skip
+                return "database_unavailable"
+            return "lease_released"  # recover gave it back: any worker (this one too) claims it anew
         finally:
             connections.close_all()  # back to the pool (or closed): a slot keeps no connection between tasks
 
     def _reap(self, finished: set[Future[str]]) -> None:
         for future in finished:
-            self.ran += 1
             error = future.exception()
             if error is not None:
                 log.error("a slot failed", exc_info=error)

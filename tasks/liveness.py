@@ -21,6 +21,7 @@ key and lapse by TTL only. Behind a transaction-pooling proxy (PgBouncer in
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -60,8 +61,8 @@ def _connect_params() -> dict[str, Any]:
 
 
 def key() -> int | None:
-    """This process's liveness key, once ``ensure`` took its lock (None: leases lapse by TTL only)."""
-    return _key if _pid == os.getpid() else None
+    """This process's liveness key while it holds the lock (None: its leases lapse by TTL only)."""
+    return _key if _pid == os.getpid() and _conn is not None else None
 
 
 def ensure() -> int | None:
@@ -109,12 +110,13 @@ def healthy() -> bool:
 
 
 def stop() -> None:
-    """Release the lock (the process is about to exit cleanly, its leases already given back)."""
-    global _conn
+    """Release the lock (the process is about to exit cleanly, its leases already given back).
+
+    Leases taken after this carry no key (TTL only) until ``ensure`` takes a new lock.
+    """
+    global _conn, _pid
     with _lock:
         if _conn is not None and _pid == os.getpid():
-            try:
+            with contextlib.suppress(psycopg.Error):
                 _conn.close()
-            except psycopg.Error:
-                pass
-        _conn = None
+        _conn, _pid = None, None

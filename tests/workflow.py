@@ -64,6 +64,7 @@ class WorkerProcess:
         pause_after: str = "",
         lease_ttl: float = 1.0,
         extra_env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
     ):
         self.marker = tmp_path / f"paused-{time.monotonic_ns()}"
         env = {
@@ -85,6 +86,7 @@ class WorkerProcess:
             "0.1",
             "--lease-ttl",
             str(lease_ttl),
+            *args,
         ]
         self.process = subprocess.Popen(
             command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True

@@ -15,6 +15,7 @@ imported by the scripts run inside that environment (``run_dbos.py``, ``dbos_ord
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -41,7 +42,15 @@ def _requirements_hash() -> str:
 
 def ensure_venv() -> Path:
     """The peers' virtualenv's Python, creating the venv (with the current interpreter) and installing
-    ``requirements.txt`` into it when it is missing or was built from another ``requirements.txt``."""
+    ``requirements.txt`` into it when it is missing or was built from another ``requirements.txt``.
+
+    Runs that start together (parallel tests) build it once: the others wait on a lock file."""
+    with (HERE / ".venv.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_venv()
+
+
+def _ensure_venv() -> Path:
     python = _venv_python()
     wanted = _requirements_hash()
     if python.exists() and STAMP.exists() and STAMP.read_text().strip() == wanted:
@@ -97,10 +106,11 @@ def run_dbos(
     latency_ms: int,
     timeout: float = 600,
     polling_interval_s: float | None = None,
+    database: str = "bench_peers_dbos",
 ) -> dict[str, Any]:
     """One DBOS Transact run of ``tasks`` ``order_lookup`` workflows: ``processes`` workers with
     ``concurrency`` workflows in flight each, on the PostgreSQL server ``server_url`` (its database
-    ``bench_peers_dbos`` is created and dropped) against the sandbox at ``sandbox_url``.
+    ``database`` is created and dropped) against the sandbox at ``sandbox_url``.
 
     Returns run_dbos.py's JSON (``workflows_per_s``, ``steps_per_s``, ``busy_s``, ...); raises
     ``RuntimeError`` with the tail of its stderr when it fails or outlives ``timeout`` (+ a margin
@@ -113,7 +123,7 @@ def run_dbos(
         str(python), str(HERE / "run_dbos.py"),
         "--server-url", server_url, "--sandbox-url", sandbox_url,
         "--tasks", str(tasks), "--processes", str(processes), "--concurrency", str(concurrency),
-        "--latency-ms", str(latency_ms), "--timeout", str(timeout),
+        "--latency-ms", str(latency_ms), "--timeout", str(timeout), "--database", database,
         *(["--polling-interval", str(polling_interval_s)] if polling_interval_s is not None else []),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}

@@ -38,7 +38,7 @@ from psycopg import sql
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "dbos_order_lookup.py"
-DATABASE = "bench_peers_dbos"
+DATABASE = "bench_peers_dbos"  # DBOS's system database; --database names another (parallel runs)
 STEPS = 3
 GRACE = 10.0
 POLL = 0.1
@@ -271,6 +271,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--sandbox-url", required=True, help="the sandbox's base URL, e.g. http://127.0.0.1:PORT/sandbox"
     )
+    parser.add_argument("--database", default=DATABASE, help="the throwaway database to create and drop")
     parser.add_argument("--tasks", type=int, default=200)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=1, help="workflows in flight per process")
@@ -294,7 +295,9 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global DATABASE
     args = parse_args(argv)
+    DATABASE = args.database
     signal.signal(signal.SIGTERM, _terminated)
     try:
         result = run(args)

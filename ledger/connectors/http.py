@@ -62,11 +62,17 @@ class HTTPConnector(Connector):
             raise Rejected(f"{self.name} refused the effect ({response.status_code}): {response.text[:200]}")
         raise OutcomeUnknown(f"{self.name} answered {response.status_code}")
 
+    def _get(self, url: str) -> httpx.Response:
+        """A read (idempotent): tried once more when a kept-alive connection turns out closed by the
+        server (reset, or closed before answering), which says nothing about the system itself."""
+        try:
+            return http.client().get(url, timeout=self._timeout())
+        except (httpx.ReadError, httpx.RemoteProtocolError):
+            return http.client().get(url, timeout=self._timeout())
+
     def lookup(self, key: str) -> Outcome | None:
         try:
-            response = http.client().get(
-                f"{self.base_url}/effects/{quote(key, safe='')}", timeout=self._timeout()
-            )
+            response = self._get(f"{self.base_url}/effects/{quote(key, safe='')}")
         except httpx.HTTPError as exc:
             raise OutcomeUnknown(f"{self.name} lookup: {type(exc).__name__}: {exc}") from None
         if response.status_code == 404:
@@ -80,9 +86,7 @@ class HTTPConnector(Connector):
 
     def read(self, record_id: str) -> Record | None:
         try:
-            response = http.client().get(
-                f"{self.base_url}/records/{quote(record_id, safe='')}", timeout=self._timeout()
-            )
+            response = self._get(f"{self.base_url}/records/{quote(record_id, safe='')}")
         except httpx.HTTPError as exc:
             raise ReadUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from None
         if response.status_code == 404:

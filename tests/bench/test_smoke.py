@@ -77,3 +77,14 @@ def test_the_console_benchmark_runs_at_two_sizes():
         saves=False,
     )
     assert "worst ratio" in out and "| audit export |" in out
+
+
+def test_the_whole_benchmark_entry_point_runs_a_reduced_matrix():
+    env = {**os.environ, "DATABASE_URL": database_url()}
+    prefix = f"smoke_all_{os.environ.get('PYTEST_XDIST_WORKER', 'solo')}"
+    done = subprocess.run(
+        [sys.executable, "bench/all.py", "--quick", "--database-prefix", prefix, "--no-save"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=170,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ours / DBOS" in done.stdout and "recovery after SIGKILL" in done.stdout

@@ -19,6 +19,7 @@ worker``) runs the same resume loop per doorbell.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import time
 from datetime import timedelta
@@ -97,6 +98,11 @@ class Command(BaseCommand):
         loop = Loop(me, region, concurrency, ttl, idle=idle, drain=drain, chores=chores)
         self.stdout.write(f"worker {me} region={region} concurrency={concurrency} lease={lease_ttl}s")
         try:
-            loop.run(should_stop=should_stop, once=once)
+            drained = loop.run(should_stop=should_stop, once=once)
         finally:
             liveness.stop()
+        if not drained:
+            # Slots still waiting on the outside world: leave without them (their threads would hold
+            # the interpreter's exit). The liveness lock is gone, so other workers take those tasks now.
+            self.stdout.flush()
+            os._exit(1)
