@@ -34,7 +34,7 @@ class Heartbeats:
         self.ttl = ttl
         self.every = every if every is not None else max(0.2, ttl.total_seconds() / 3)
         self._held: dict[UUID, leases.Held] = {}
-        self._lost: set[UUID] = set()
+        self._lost: set[leases.Held] = set()  # by token: a task claimed again is not lost with its old lease
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -44,18 +44,17 @@ class Heartbeats:
     def hold(self, lease: leases.Held) -> None:
         with self._lock:
             self._held[lease.task_id] = lease
-            self._lost.discard(lease.task_id)
 
     def drop(self, lease: leases.Held) -> None:
         with self._lock:
             if self._held.get(lease.task_id) == lease:
                 del self._held[lease.task_id]
-            self._lost.discard(lease.task_id)
+            self._lost.discard(lease)
 
     def lost(self, lease: leases.Held) -> bool:
         """Whether the last beat found ``lease`` gone (no round trip)."""
         with self._lock:
-            return lease.task_id in self._lost
+            return lease in self._lost
 
     def count(self) -> int:
         with self._lock:
@@ -70,7 +69,8 @@ class Heartbeats:
         gone = leases.heartbeat_all(held, ttl=self.ttl)
         if gone:
             with self._lock:
-                self._lost |= gone
+                # Only those still in hand: one released meanwhile was not lost, and is not kept.
+                self._lost |= {h for h in held if h.task_id in gone and self._held.get(h.task_id) == h}
             log.warning("leases lost: %s", ", ".join(sorted(str(task_id) for task_id in gone)))
         return gone
 
