@@ -56,10 +56,6 @@ class Heartbeats:
         with self._lock:
             return lease in self._lost
 
-    def count(self) -> int:
-        with self._lock:
-            return len(self._held)
-
     # --- the beating thread ----------------------------------------------------------------------
 
     def beat(self) -> set[UUID]:

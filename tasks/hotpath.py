@@ -51,8 +51,9 @@ def _quoted(connection: BaseDatabaseWrapper, field: models.Field[Any, Any] | For
 _SENTINEL = UUID(int=0)
 
 
-def _first(key: str, build: Callable[[UUID], QuerySet[Any]], task_id: UUID | str) -> Any:
-    """``build(task_id).first()``: the query is compiled once, with a stand-in id, then only the id changes.
+def load(key: str, build: Callable[[UUID], QuerySet[Any]], task_id: UUID | str) -> Any:
+    """``build(task_id).first()`` for any one-row read keyed by a task id: the query is compiled once
+    per connection, with a stand-in id, then only the id changes.
 
     Annotations of the query are set on the row as attributes, as the ORM would.
     """
@@ -96,13 +97,8 @@ def _first(key: str, build: Callable[[UUID], QuerySet[Any]], task_id: UUID | str
 
 def load_task(task_id: UUID | str) -> Task | None:
     """``Task.objects.filter(pk=task_id).first()``, without building the query each time."""
-    task: Task | None = _first("task", lambda pk: Task.objects.filter(pk=pk), task_id)
+    task: Task | None = load("task", lambda pk: Task.objects.filter(pk=pk), task_id)
     return task
-
-
-def load(key: str, build: Callable[[UUID], QuerySet[Any]], task_id: UUID | str) -> Any:
-    """Any one-row read keyed by a task id, compiled once per connection (see ``_first``)."""
-    return _first(key, build, task_id)
 
 
 def compare_and_set(

@@ -38,6 +38,17 @@ def database_url() -> str:
     return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
+def sessions_named(application_name: str) -> int:
+    """Sessions on this test database whose ``application_name`` is the given one."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name = %s",
+            [application_name],
+        )
+        return cursor.fetchone()[0]
+
+
 def wait_for(predicate: Callable[[], object], *, timeout: float = 30, what: str = "condition") -> object:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

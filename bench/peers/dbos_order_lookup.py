@@ -144,8 +144,7 @@ def run_worker(args: argparse.Namespace) -> int:
     DBOS.launch()
     register_queue(args.concurrency, args.polling_interval)
     print(f"worker-{args.index} (pid {os.getpid()}) ready", file=sys.stderr, flush=True)
-    while not stop.wait(0.5):
-        pass
+    stop.wait()
     DBOS.destroy()
     if _client is not None:
         _client.close()

@@ -15,6 +15,7 @@ imported by the scripts run inside that environment (``run_dbos.py``, ``dbos_ord
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -81,10 +82,8 @@ def _stop_group(process: subprocess.Popen) -> str:
     """SIGTERM run_dbos.py's process group (it then stops its workers and drops its database),
     SIGKILL it after a grace; return what it wrote on stderr."""
     for signum, grace in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signum)
-        except ProcessLookupError:
-            pass
         try:
             return process.communicate(timeout=grace)[1] or ""
         except subprocess.TimeoutExpired:

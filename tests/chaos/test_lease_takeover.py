@@ -13,27 +13,15 @@ import socket
 from datetime import UTC, datetime
 
 import pytest
-from django.db import connection
 from django.test import Client
 
 from audit.models import LeaseTakeover
 from tasks import liveness
 from tasks.models import Lease
 from tests.conftest import api_client_for, make_task
-from tests.workflow import wait_for
+from tests.workflow import sessions_named, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
-
-
-def liveness_sessions() -> int:
-    """Worker processes holding their liveness lock on this test database."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND application_name = %s",
-            [liveness.APPLICATION_NAME],
-        )
-        return cursor.fetchone()[0]
 
 
 def worker_name(pid: int) -> str:
@@ -52,7 +40,7 @@ def test_a_lease_taken_over_from_a_killed_worker_is_recorded_and_shown(acme, ope
     dead = worker_name(first.process.pid)
     second = workers(lease_ttl=30.0)  # polling (every 0.1 s) before the kill
     alive = worker_name(second.process.pid)
-    wait_for(lambda: liveness_sessions() == 2, what="the second worker to start")
+    wait_for(lambda: sessions_named(liveness.APPLICATION_NAME) == 2, what="the second worker to start")
     assert Lease.objects.get(task=task).worker_id == dead
     killed = datetime.now(UTC)
     first.kill()

@@ -15,7 +15,6 @@ import signal
 import time
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from audit.models import LeaseTakeover, TransitionEvent
@@ -23,7 +22,7 @@ from runtime import db
 from tasks.models import Lease, Task
 from tasks.states import State
 from tests.conftest import make_task
-from tests.workflow import put_order, wait_for
+from tests.workflow import put_order, sessions_named, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -47,16 +46,6 @@ def held_by(worker) -> int:
     ).count()
 
 
-def pool_sessions() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND application_name = %s",
-            [db.APPLICATION_NAME],
-        )
-        return cursor.fetchone()[0]
-
-
 def all_completed(tasks: list[Task]) -> bool:
     return Task.objects.filter(pk__in=[t.pk for t in tasks], state=State.COMPLETED).count() == len(tasks)
 
@@ -71,7 +60,10 @@ def test_one_process_keeps_many_tasks_in_flight_on_a_few_connections(acme, worke
     most_held = most_sessions = 0
     deadline = time.monotonic() + 60
     while not all_completed(tasks) and time.monotonic() < deadline:
-        most_held, most_sessions = max(most_held, held_by(worker)), max(most_sessions, pool_sessions())
+        most_held, most_sessions = (
+            max(most_held, held_by(worker)),
+            max(most_sessions, sessions_named(db.APPLICATION_NAME)),
+        )
         time.sleep(0.05)
     assert all_completed(tasks)
     assert most_held >= 8, f"at most {most_held} tasks in flight at once"  # slow turns overlap, not queue
