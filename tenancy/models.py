@@ -59,3 +59,45 @@ class SavedView(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} {self.name}"
+
+
+class AccessEvent(models.Model):
+    """Who did what to access or authority, outside any task's transition chain.
+
+    Logins and failed logins, logouts, refused requests (403), role grants and
+    revocations, token creation and revocation, and reveals of sensitive fields.
+    Append-only; auditors read it in the console and the API.
+    """
+
+    class Kind(models.TextChoices):
+        LOGIN = "login"
+        LOGIN_FAILED = "login_failed"
+        LOGOUT = "logout"
+        LOCKED_OUT = "locked_out"
+        FORBIDDEN = "forbidden"
+        ROLE_GRANTED = "role_granted"
+        ROLE_REVOKED = "role_revoked"
+        TOKEN_CREATED = "token_created"
+        TOKEN_REVOKED = "token_revoked"
+        REVEAL = "reveal"
+
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    # The account acting (None for an anonymous caller); ``username`` keeps the name that was typed
+    # or held even when no account matches, or the account is later deleted.
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    username = models.CharField(max_length=150, blank=True, default="")
+    # The tenant concerned, when there is one (a role grant, a reveal); None for a login.
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    path = models.CharField(max_length=500, blank=True, default="")
+    # What it concerned, in words and ids (never a secret): "role=auditor", "task=… field=refund_card".
+    detail = models.CharField(max_length=500, blank=True, default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "-at"], name="accessevent_tenant_at")]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.kind} {self.username}"

@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl, urlencode
 from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 
-from tenancy.models import Membership, Role, SavedView, Tenant
+from tenancy.models import AccessEvent, Membership, Role, SavedView, Tenant
 
 
 def role_group(tenant: Tenant, role: Role | str) -> Group:
@@ -74,3 +74,33 @@ def saved_view_delete(user: Any, view_id: int) -> bool:
     """Delete ``user``'s view ``view_id``; False if they have no such view (another user's included)."""
     deleted, _ = SavedView.objects.filter(user_id=user.pk, pk=view_id).delete()
     return bool(deleted)
+
+
+# --- access events (logins, refusals, grants, tokens, reveals) -------------------------------------
+
+
+def record_access(
+    kind: AccessEvent.Kind | str,
+    *,
+    user: Any = None,
+    username: str = "",
+    tenant: Tenant | None = None,
+    request: Any = None,
+    detail: str = "",
+) -> AccessEvent:
+    """Append one access event. ``request`` (a Django request) supplies the address and path."""
+    if user is not None and not getattr(user, "is_authenticated", False):
+        user = None
+    ip = path = ""
+    if request is not None:
+        ip = request.META.get("REMOTE_ADDR", "") or ""
+        path = request.path[:500]
+    return AccessEvent.objects.create(
+        kind=kind,
+        user=user,
+        username=(username or (user.get_username() if user is not None else ""))[:150],
+        tenant=tenant,
+        ip=ip or None,
+        path=path,
+        detail=detail[:500],
+    )
