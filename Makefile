@@ -16,7 +16,7 @@ PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check --require-
 PIP_TOOLS ?= pip-tools==7.6.2
 LOCK_VENV ?= var/pip-tools
 
-.PHONY: install install-dev demo test chaos bench bench-e2e bench-approvals bench-console bench-all lint locks
+.PHONY: install install-dev demo test chaos bench bench-e2e bench-leases bench-approvals bench-console bench-all lint locks
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -73,6 +73,9 @@ bench: install
 
 bench-e2e: install
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/e2e.py
+
+bench-leases: install
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/leases.py
 
 bench-approvals: install
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/approvals.py

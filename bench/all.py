@@ -8,7 +8,9 @@ What it runs, each as its own script in a subprocess (each creates and drops its
    cell takes seconds, not minutes (``--cell-seconds``).
 3. The peers: the same work on DBOS Transact (``bench/peers``) in the same run, against the same
    PostgreSQL server and sandbox, at 2 processes x 1/16 in flight x 0/300 ms; ratios ours/DBOS.
-4. Recovery: 2 victims and 2 survivors, every victim SIGKILLed mid-run, with liveness (30 s TTL)
+4. ``leases.py``: lease claims under contention, ``claim_next`` against the same claim issued raw,
+   at 1/4/8 claimer processes competing for one pool of tasks.
+5. Recovery: 2 victims and 2 survivors, every victim SIGKILLed mid-run, with liveness (30 s TTL)
    and without it (5 s TTL, the fallback).
 
 Each figure is the median over ``--repeat`` runs. Results are printed as tables and written as JSON
@@ -104,6 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ratio_at_8_writers": transitions["ratio_at_max_writers"],
     }
 
+    print("lease claims", flush=True)
+    claims = _run("leases.py", "--seconds", "0.3" if args.quick else "3",
+                  "--claimers", "1,3" if args.quick else "1,4,8", prefix=prefix)  # fmt: skip
+    results["leases"] = {"table": claims["table"], "ratio_at_max_claimers": claims["ratio_at_max_claimers"]}
+
     print("end to end", flush=True)
     cells = []
     for latency in latencies:
@@ -154,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def render(results: dict[str, Any]) -> str:
     lines = [f"\n## transitions (advance vs raw SQL)\n\n{results['transitions']['table']}"]
+    lines.append(f"\n## lease claims under contention (claim_next vs raw)\n\n{results['leases']['table']}")
     lines.append("\n## order_lookup end to end (tasks/s; ours / DBOS where measured)\n")
     lines.append(
         "| model ms | processes | in flight | tasks | ours tasks/s | DBOS workflows/s | ours / DBOS |"

@@ -41,6 +41,11 @@ def test_the_transition_benchmark_runs_and_matches_advance():
     assert "raw path out of date" not in out  # the raw path still writes what advance() writes
 
 
+def test_the_lease_benchmark_runs_and_finds_no_double_claim():
+    out = run_bench("leases.py", "--seconds", "0.3", "--warmup", "0.1", "--claimers", "1,3", "--tasks", "30")
+    assert "no double claims" in out and "| 3 |" in out
+
+
 def test_the_end_to_end_benchmark_runs_and_verifies_every_task():
     out = run_bench("e2e.py", "--tasks", "20", "--recovery-tasks", "60", "--concurrency", "2")
     assert "audit chains intact" in out and "SIGKILL all victims" in out
