@@ -27,10 +27,13 @@ install: $(BIN)/python  # the runtime only: make demo, make bench
 install-dev: $(BIN)/python  # runtime + test + lint tools: make test, make lint, make chaos
 	$(PIP_INSTALL) -r $(DEV_LOCK)
 
+# The app is production-safe by default (DEBUG off, no start without SECRET_KEY, no sandbox): the demo
+# asks for a development run with the sandbox on, explicitly. Its keys are public, for a laptop only.
+DEMO_ENV ?= DEBUG=1 SANDBOX_ENABLED=1 SECRET_KEY=demo-only-insecure-key SANDBOX_TOKEN=demo-only-sandbox-token
 demo: install
-	$(BIN)/python manage.py migrate --noinput
-	$(BIN)/python manage.py seed_demo
-	$(BIN)/python manage.py run_demo 127.0.0.1:$(PORT)
+	$(DEMO_ENV) $(BIN)/python manage.py migrate --noinput
+	$(DEMO_ENV) $(BIN)/python manage.py seed_demo
+	$(DEMO_ENV) $(BIN)/python manage.py run_demo 127.0.0.1:$(PORT)
 
 # pytest exits 5 when it collected no tests. make turns any failing recipe into exit 2, so .ci/run
 # cannot see that 5: under CI (CI set, as .ci/run does) it is not a failure of the build.

@@ -16,7 +16,7 @@ from approvals.models import ApprovalRequest, ApprovalStatus
 from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS
 from audit.models import LeaseTakeover, TransitionEvent
 from ledger.models import Action
-from tasks import checkpoints, selectors, values
+from tasks import checkpoints, registry, reveal, sealing, selectors, values
 from tasks.models import Checkpoint, Lease, Task
 from tasks.states import State
 from tenancy.models import Tenant
@@ -155,15 +155,24 @@ class TaskDetail(TaskSummary):
     def get_allowed_transitions(self, task: Task) -> list[dict[str, str]]:
         return selectors.allowed_moves(self.context["request"].user, task)
 
+    def to_representation(self, instance: Task) -> dict[str, Any]:
+        data: dict[str, Any] = super().to_representation(instance)
+        # Sensitive fields masked; POST /api/tasks/{id}/reveal/ shows one, to those entitled, recorded.
+        data["input"] = reveal.masked_input(instance)
+        data["outcome"] = reveal.masked_outcome(instance)
+        return data
+
 
 class EventOut(serializers.ModelSerializer):
     class Meta:
         model = TransitionEvent
-        # Every hashed field (so an auditor can recompute the chain), bar the task's own ids.
+        # Every hashed field (so an auditor can recompute the chain), bar the task's own ids, and the
+        # id of the AUDIT_HMAC_KEYS key that made the hash ("" for a legacy, unkeyed link).
         fields = [name for name in HASHED_FIELDS if name not in ("task_id", "tenant_id")] + [
             *OPTIONAL_HASHED_FIELDS,
             "prev_hash",
             "hash",
+            "key_id",
         ]
         read_only_fields = fields
 
@@ -184,10 +193,16 @@ class CheckpointOut(serializers.ModelSerializer):
                 # recorded_digest: annotated by TaskCheckpointsApi from the row's audit event.
                 recorded = row.recorded_digest  # type: ignore[attr-defined]
                 document = checkpoints.decode_stored(row, recorded_digest=recorded)
-                cache[row.pk] = {"ok": True, "document": document.model_dump(mode="json")}
+                shown = document.model_dump(mode="json")
+                shown["facts"] = reveal.masked_facts(self._task_type(row), shown["facts"])
+                cache[row.pk] = {"ok": True, "document": shown}
             except checkpoints.CheckpointUnreadable as exc:
                 cache[row.pk] = {"ok": False, "document": {"reason": exc.reason, "detail": exc.detail}}
         return cache[row.pk]
+
+    def _task_type(self, row: Checkpoint) -> str:
+        task = self.context.get("task")  # the history views pass the task they list
+        return task.task_type if task is not None else row.task.task_type
 
     def get_readable(self, row: Checkpoint) -> bool:
         return self._decoded(row)["ok"]
@@ -197,6 +212,8 @@ class CheckpointOut(serializers.ModelSerializer):
 
 
 class ActionOut(serializers.ModelSerializer):
+    effect = serializers.SerializerMethodField()
+
     class Meta:
         model = Action
         fields = [
@@ -221,6 +238,13 @@ class ActionOut(serializers.ModelSerializer):
             "updated_at",
         ]
         read_only_fields = fields
+
+    def get_effect(self, action: Action) -> Any:
+        """As sent, with the keys the step marks sensitive masked (stored sealed)."""
+        task = self.context.get("task")  # the history view passes the task it lists
+        task_type = task.task_type if task is not None else action.task.task_type
+        names = registry.sensitive_effect_keys(task_type, action.step)
+        return sealing.masked_effect(action.idempotency_key, action.effect, names)
 
 
 class DeliveryOut(serializers.Serializer):

@@ -1,6 +1,8 @@
 from django.urls import path
 
+from api.views.access import AccessEventListApi
 from api.views.approvals import ApprovalDecideApi, ApprovalDetailApi, ApprovalListApi
+from api.views.reveal import TaskRevealApi
 from api.views.tasks import (
     TaskActionsApi,
     TaskCheckpointsApi,
@@ -23,6 +25,7 @@ urlpatterns = (
         path("tasks/<uuid:task_id>/actions/", TaskActionsApi.as_view(), name="api-task-actions"),
         path("tasks/<uuid:task_id>/input/", TaskInputApi.as_view(), name="api-task-input"),
         path("tasks/<uuid:task_id>/rerun/", TaskRerunApi.as_view(), name="api-task-rerun"),
+        path("tasks/<uuid:task_id>/reveal/", TaskRevealApi.as_view(), name="api-task-reveal"),
         path(
             "tasks/<uuid:task_id>/external-events/", TaskExternalEventApi.as_view(), name="api-task-events-in"
         ),
@@ -35,5 +38,6 @@ urlpatterns = (
         path("approvals/", ApprovalListApi.as_view(), name="api-approvals"),
         path("approvals/<uuid:request_id>/", ApprovalDetailApi.as_view(), name="api-approval"),
         path("approvals/<uuid:request_id>/decide/", ApprovalDecideApi.as_view(), name="api-approval-decide"),
+        path("access-events/", AccessEventListApi.as_view(), name="api-access-events"),
     ]
 )

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote
 from uuid import UUID
 
 import django_filters
@@ -30,7 +29,7 @@ from approvals.models import (
     ApprovalRequestUserPermission,
     ApprovalStatus,
 )
-from config.external import connector_url
+from config.external import path_segment, public_url
 from tasks.states import State
 from tenancy.selectors import roles_by_tenant, tenant_ids_for
 
@@ -72,8 +71,17 @@ def is_live(request: ApprovalRequest) -> bool:
 
 
 def evidence_url(ref: dict[str, Any]) -> str:
-    """Where an approver can open the record an evidence reference points to."""
-    return f"{connector_url(ref.get('system', ''))}/records/{quote(str(ref.get('record_id', '')), safe='')}"
+    """Where an approver can open the record an evidence reference points to ("" when no safe link exists).
+
+    Built from the system's public base (``CONNECTOR_<NAME>_PUBLIC_URL``, else its URL; neither
+    holds a credential) and the record id as one quoted path segment. An id of ``.`` or ``..``
+    gets no link: browsers treat even its encoded form (``%2E%2E``) as a dot segment and would
+    open a page outside ``/records/``.
+    """
+    record_id = str(ref.get("record_id", ""))
+    if record_id in (".", ".."):
+        return ""
+    return f"{public_url(str(ref.get('system', '')))}/records/{path_segment(record_id)}"
 
 
 def decidable(user: Any) -> Q:

@@ -7,6 +7,8 @@
   optimistic transition of the task.
 - ``gate`` — before the approved action runs: recompute the digest from the
   current action and compare the material facts with those approved.
+- ``retarget_on_escalation`` — an escalation of a task waiting for approval
+  hands the pending request on to the role escalated to, instead of voiding it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from django.db import IntegrityError
 from django.db.models import F
 from django.utils import timezone
-from guardian.shortcuts import assign_perm
+from guardian.shortcuts import assign_perm, remove_perm
 
 from approvals.digest import digest
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Decision
@@ -30,6 +32,7 @@ from tasks.exceptions import StaleVersion
 from tasks.models import Task
 from tasks.states import ActorKind, State, Trigger
 from tasks.transitions import Actor, advance
+from tenancy.models import Role
 from tenancy.selectors import has_role
 from tenancy.services import role_group
 
@@ -66,6 +69,11 @@ def request_decision(
     action = kind.step_as(step.action_step, registry.Dispatch)
     facts = dict(progress.facts)
     fields = consequential_fields(action, facts)
+    # Why this needs an approval, shown on the approval card: the step's policy, and which of the
+    # action's money thresholds these facts are above.
+    policy_reason = " ".join(
+        part for part in [step.reason, *(f"{line}." for line in action.above_threshold(facts))] if part
+    )
     request = ApprovalRequest(
         task=task,
         tenant_id=task.tenant_id,
@@ -76,7 +84,7 @@ def request_decision(
         digest=digest(fields),
         material=material_snapshot(task, kind, facts),
         evidence=[ref.model_dump(mode="json") for ref in progress.evidence],
-        policy_reason=step.reason,
+        policy_reason=policy_reason,
         policy_version=task.policy_version,
         approver_role=step.approver_role,
         requested_by=f"user:{task.owner.get_username()}" if task.owner is not None else f"task:{task.id}",
@@ -102,7 +110,7 @@ def request_decision(
         State.WAITING_APPROVAL,
         Trigger.REQUEST_APPROVAL,
         waiting,
-        reason=why or step.reason,
+        reason=why or policy_reason,
         reason_code="approval_requested",
         changes={"wait_deadline": request.expires_at},
         records=(request,),
@@ -286,6 +294,72 @@ def approval_decide(
     doorbell.ring(task.id, task.region)
     request.refresh_from_db()
     return Decided(request, task, applied=True)
+
+
+# Roles that may decide an approval. An escalation to another role (an operator) keeps the
+# request with the role it had: an operator who could route a payment's approval to operators
+# would make the money policy one operator token again.
+DECIDING_ROLES = (Role.APPROVER, Role.ADMIN)
+
+
+@dataclass(frozen=True)
+class Retarget:
+    """The pending request a task waits for, handed on by an escalation of that task.
+
+    The escalation is a self-loop that bumps the task's version; without this the
+    request would no longer match the wait (``waiting_version``) and be invalidated.
+    The request keeps its digest, consequential fields and facts: only who decides
+    it and the version it answers change.
+    """
+
+    request: ApprovalRequest
+    role: str  # who decides it from now on
+
+    @property
+    def note(self) -> str:
+        """What the escalation's audit event says happened to the request."""
+        before = self.request.approver_role
+        if self.role == before:
+            return f"approval request {self.request.id} stays with the {before} role"
+        return (
+            f"approval request {self.request.id} re-targeted from the {before} role to the {self.role} role"
+        )
+
+    def apply(self, waiting_version: int) -> None:
+        """Inside the escalation's transaction: move the request to the new wait and role.
+
+        Raises ``StaleVersion`` when the request was decided or settled meanwhile
+        (the whole escalation then commits nothing).
+        """
+        request = self.request
+        moved = ApprovalRequest.objects.filter(
+            pk=request.pk, status=ApprovalStatus.PENDING, waiting_version=request.waiting_version
+        ).update(waiting_version=waiting_version, approver_role=self.role)
+        if moved != 1:
+            raise StaleVersion("the approval request was decided or settled while the task was escalated")
+        if self.role != request.approver_role:
+            task = request.task
+            remove_perm(DECIDE, role_group(task.tenant, request.approver_role), request)
+            assign_perm(DECIDE, role_group(task.tenant, self.role), request)
+
+
+def retarget_on_escalation(task: Task, *, escalate_to: str) -> Retarget | None:
+    """The pending request ``task`` waits for, to be decided by ``escalate_to`` after an escalation.
+
+    None when the task waits for no pending request. ``escalate_to`` outside
+    ``DECIDING_ROLES`` leaves the request with the role it has.
+    """
+    if task.state != State.WAITING_APPROVAL:
+        return None
+    request = (
+        ApprovalRequest.objects.select_related("task__tenant")
+        .filter(task=task, status=ApprovalStatus.PENDING, waiting_version=task.state_version)
+        .first()
+    )
+    if request is None:
+        return None
+    role = escalate_to if escalate_to in DECIDING_ROLES else request.approver_role
+    return Retarget(request, role)
 
 
 @dataclass(frozen=True)

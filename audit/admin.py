@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.db.models import Model
 from django.http import HttpRequest
 
-from audit.models import LeaseTakeover, TransitionEvent
+from audit.models import LeaseTakeover, Tombstone, TransitionEvent
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -36,6 +36,16 @@ class LeaseTakeoverAdmin(ReadOnlyAdmin):
     """Written by the lease claim only; append-only like the log."""
 
     list_display = ("task", "worker_id", "previous_worker_id", "stale_token", "token", "taken_at")
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+
+@admin.register(Tombstone)
+class TombstoneAdmin(ReadOnlyAdmin):
+    """Written by retention only, sealed with the chain key; append-only like the log."""
+
+    list_display = ("task_id", "tenant", "task_type", "state_version", "deleted_at", "reason")
 
     def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False

@@ -1,17 +1,33 @@
-"""Hash chain over a task's transition events: the hash, and checking a chain's links.
+"""Hash chain over a task's transition events: the link hashes, and checking a chain's links.
 
-``hash = SHA-256(prev_hash || canonical JSON of the event's fields)``; the
-first event links to ``GENESIS``. Canonical JSON is ``audit.canonical.V1``:
-sorted keys, no whitespace, text as UTF-8, datetimes as ISO 8601 in UTC with
-microseconds, UUIDs as strings.
+``hash = HMAC-SHA256(key, prev_hash || canonical JSON of the event's fields)``
+with the key named by the event's ``key_id``; the first event links to
+``GENESIS``. Canonical JSON is ``audit.canonical.V1``: sorted keys, no
+whitespace, text as UTF-8, datetimes as ISO 8601 in UTC with microseconds,
+UUIDs as strings.
 
-Pure functions, no database: benchmarks and exports use them outside Django.
+Why keyed: an unkeyed hash can be recomputed by anyone who can write the
+table, so a database owner could edit an event, rehash forward, move the
+task's head and nothing would show. The key lives in the environment
+(``AUDIT_HMAC_KEYS``, read by ``audit.keys``), never in the database.
+
+Events written before the chain was keyed have ``key_id == ""`` and keep
+their plain ``SHA-256(prev_hash || canonical JSON)``. A chain may go from
+legacy to keyed, never back: a legacy event after a keyed one is a break, so
+whoever rewrites the tail of a chain without the key cannot pass it off as
+old history. (A chain rewritten as legacy from its first event is caught by
+an anchor: ``audit.anchor``.)
+
+Pure functions, no database and no settings: keys are passed in, so
+benchmarks and offline checks of an export use them outside Django.
 Reading a chain from the database to verify it is ``audit.verify``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+import hmac
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -19,9 +35,11 @@ from uuid import UUID
 from audit import canonical
 
 GENESIS = "0" * 64
+LEGACY = ""  # the key id of events written before the chain was keyed
 
 # The fields a hash covers, in the order shown to auditors. Everything an event
-# asserts is covered; only the row id and the hash itself are not.
+# asserts is covered; only the row id, the key id and the hash itself are not
+# (a changed key id makes the hash be checked with another key, and fail).
 HASHED_FIELDS = (
     "task_id",
     "tenant_id",
@@ -44,10 +62,30 @@ HASHED_FIELDS = (
 OPTIONAL_HASHED_FIELDS = ("checkpoint_digest",)
 
 
-def event_hash(prev_hash: str, fields: dict[str, Any]) -> str:
+def _message(prev_hash: str, fields: Mapping[str, Any]) -> str:
     covered = {name: fields[name] for name in HASHED_FIELDS}
     covered.update({name: fields[name] for name in OPTIONAL_HASHED_FIELDS if fields.get(name)})
-    return canonical.digest_text(prev_hash + canonical.dumps(covered, version=canonical.V1))
+    return prev_hash + canonical.dumps(covered, version=canonical.V1)
+
+
+def event_hash(prev_hash: str, fields: Mapping[str, Any]) -> str:
+    """The legacy, unkeyed link: SHA-256 of ``prev_hash`` and the canonical fields (``key_id == ""``)."""
+    return canonical.digest_text(_message(prev_hash, fields))
+
+
+def keyed_hash(prev_hash: str, fields: Mapping[str, Any], secret: bytes) -> str:
+    """The keyed link: HMAC-SHA256 under ``secret`` of ``prev_hash`` and the canonical fields (hex)."""
+    return hmac.new(secret, _message(prev_hash, fields).encode(), hashlib.sha256).hexdigest()
+
+
+def link_hash(prev_hash: str, fields: Mapping[str, Any], *, key_id: str, keys: Mapping[str, bytes]) -> str:
+    """The hash an event with ``key_id`` must carry: legacy for ``""``, else keyed with ``keys[key_id]``.
+
+    Raises ``KeyError`` for a key id ``keys`` does not hold.
+    """
+    if key_id == LEGACY:
+        return event_hash(prev_hash, fields)
+    return keyed_hash(prev_hash, fields, keys[key_id])
 
 
 @dataclass(frozen=True)
@@ -62,22 +100,48 @@ class BrokenLink:
 
 
 def verify_events(
-    task_id: UUID, events: Iterable[Any], *, head: str, state_version: int
+    task_id: UUID,
+    events: Iterable[Any],
+    *,
+    head: str,
+    state_version: int,
+    keys: Mapping[str, bytes] | None = None,
 ) -> BrokenLink | None:
     """First broken link in ``events`` (ordered by version), or None.
 
     ``head`` and ``state_version`` are the task row's chain head and version,
     so a deleted newest event is caught as well as an edited or missing one.
+    ``keys`` maps key ids to secrets (``audit.keys.chain_keys``); without it
+    only a wholly legacy chain can verify. An event without a ``key_id``
+    attribute (an old export) is legacy.
     """
-    prev, expected_version = GENESIS, 1
+    keys = keys or {}
+    prev, expected_version, keyed_since = GENESIS, 1, None
     for event in events:
+        key_id = getattr(event, "key_id", LEGACY) or LEGACY
         if event.state_version != expected_version:
             return BrokenLink(task_id, expected_version, f"missing event (found v{event.state_version} next)")
         if event.prev_hash != prev:
             return BrokenLink(task_id, event.state_version, "prev_hash does not match the previous event")
+        if key_id == LEGACY and keyed_since is not None:
+            return BrokenLink(
+                task_id,
+                event.state_version,
+                f"unkeyed (legacy) event after keyed v{keyed_since}: a chain never goes back to unkeyed",
+            )
+        if key_id != LEGACY and key_id not in keys:
+            known = ", ".join(sorted(keys)) or "none"
+            return BrokenLink(
+                task_id,
+                event.state_version,
+                f"signed with key id {key_id!r}, which AUDIT_HMAC_KEYS does not hold (known: {known})",
+            )
         fields = {name: getattr(event, name) for name in (*HASHED_FIELDS, *OPTIONAL_HASHED_FIELDS)}
-        if event_hash(prev, fields) != event.hash:
+        expected = link_hash(prev, fields, key_id=key_id, keys=keys)
+        if not hmac.compare_digest(expected.encode(), str(event.hash).encode()):
             return BrokenLink(task_id, event.state_version, "contents do not match the stored hash")
+        if key_id != LEGACY and keyed_since is None:
+            keyed_since = event.state_version
         prev, expected_version = event.hash, expected_version + 1
     if expected_version - 1 != state_version:
         return BrokenLink(task_id, None, f"log ends at v{expected_version - 1}, task is at v{state_version}")

@@ -3,12 +3,14 @@
 Each event carries every field its hash covers (``audit.chain.HASHED_FIELDS``
 and ``OPTIONAL_HASHED_FIELDS``) in its canonical V1 form — datetimes as ISO
 8601 in UTC with microseconds, UUIDs as strings, numbers as numbers — with
-``prev_hash`` and ``hash``. So, outside this system::
+``prev_hash``, ``hash`` and the ``key_id`` the hash was made with. So, outside
+this system, holding the chain keys (``AUDIT_HMAC_KEYS``)::
 
     fields = {name: event[name] for name in HASHED_FIELDS + OPTIONAL_HASHED_FIELDS}
-    assert event_hash(event["prev_hash"], fields) == event["hash"]
+    assert link_hash(event["prev_hash"], fields, key_id=event["key_id"], keys=keys) == event["hash"]
 
-for a JSON event as it is. A CSV cell is text: read ``tenant_id``,
+for a JSON event as it is (an empty ``key_id`` is a legacy, unkeyed SHA-256
+link, which needs no key). A CSV cell is text: read ``tenant_id``,
 ``state_version`` and ``attempt`` back as integers and an empty ``parent_id``
 as null (``INTEGER_FIELDS``, ``NULLABLE_FIELDS``) before hashing. A task's
 export also names the head and version it was read up to (the JSON's
@@ -25,12 +27,12 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from audit import canonical
-from audit.chain import GENESIS, HASHED_FIELDS, OPTIONAL_HASHED_FIELDS
+from audit.chain import GENESIS, HASHED_FIELDS, LEGACY, OPTIONAL_HASHED_FIELDS
 
 FORMAT = "durable-agents/audit-export"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: events carry key_id; hashes are keyed (HMAC) unless key_id is empty
 CHAIN_FIELDS = (*HASHED_FIELDS, *OPTIONAL_HASHED_FIELDS)
-COLUMNS = ("event_id", *CHAIN_FIELDS, "prev_hash", "hash")
+COLUMNS = ("event_id", *CHAIN_FIELDS, "prev_hash", "hash", "key_id")
 INTEGER_FIELDS = ("tenant_id", "state_version", "attempt")
 NULLABLE_FIELDS = ("parent_id",)
 
@@ -40,7 +42,13 @@ def event_record(event: Any) -> dict[str, Any]:
     covered = {name: getattr(event, name) for name in CHAIN_FIELDS}
     # Through the chain's own encoder, so an export can never spell a value differently.
     plain = json.loads(canonical.dumps(covered, version=canonical.V1))
-    return {"event_id": event.id, **plain, "prev_hash": event.prev_hash, "hash": event.hash}
+    return {
+        "event_id": event.id,
+        **plain,
+        "prev_hash": event.prev_hash,
+        "hash": event.hash,
+        "key_id": getattr(event, "key_id", LEGACY),
+    }
 
 
 def header(*, kind: str, exported_at: str, **extra: Any) -> dict[str, Any]:
@@ -51,7 +59,8 @@ def header(*, kind: str, exported_at: str, **extra: Any) -> dict[str, Any]:
         "kind": kind,
         "exported_at": exported_at,
         "hash": {
-            "algorithm": "sha256(prev_hash + canonical_json_v1(fields))",
+            "algorithm": "hmac_sha256(AUDIT_HMAC_KEYS[key_id], prev_hash + canonical_json_v1(fields))",
+            "legacy_algorithm": "sha256(prev_hash + canonical_json_v1(fields)) where key_id is empty",
             "genesis": GENESIS,
             "fields": list(HASHED_FIELDS),
             "optional_fields": list(OPTIONAL_HASHED_FIELDS),

@@ -1,12 +1,17 @@
-"""The append-only history of a task: its transitions and its lease takeovers.
+"""The append-only history of a task: its transitions, its lease takeovers, and what retention removed.
 
 ``TransitionEvent``: one row per committed transition, hash-chained per task
-(``prev_hash`` -> ``hash``) so that editing, deleting or inserting a row is
-detectable by ``audit.chain.verify_task`` / ``manage.py verify_audit``. It
-records the digest of the checkpoint written with it, which binds that
-checkpoint to the chain. ``LeaseTakeover``: one row each time a worker claims a
-task whose lease lapsed in another worker's hands. On PostgreSQL triggers
-(migrations 0002 and 0005) refuse UPDATE and DELETE on both outright.
+(``prev_hash`` -> ``hash``, keyed: ``audit.chain``) so that editing, deleting
+or inserting a row is detectable by ``audit.verify.verify_task`` /
+``manage.py verify_audit``. It records the digest of the checkpoint written
+with it, which binds that checkpoint to the chain. ``LeaseTakeover``: one row
+each time a worker claims a task whose lease lapsed in another worker's hands.
+``Tombstone``: a task retention deleted, with the head its chain had, so an
+anchor that listed the task still accounts for it (``audit.anchor``).
+
+On PostgreSQL, triggers (migration 0009) refuse UPDATE, DELETE and TRUNCATE on
+all three; only the owner role's retention path may delete (README, "Database
+roles").
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ class TransitionEvent(models.Model):
     created_at = models.DateTimeField()
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
+    # Which AUDIT_HMAC_KEYS key made ``hash`` (HMAC-SHA256); "" on events written before the
+    # chain was keyed, whose hash is plain SHA-256 (audit.chain.LEGACY).
+    key_id = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:
         constraints = [
@@ -80,3 +88,27 @@ class LeaseTakeover(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id}: {self.worker_id} took #{self.stale_token} from {self.previous_worker_id}"
+
+
+class Tombstone(models.Model):
+    """A task deleted by retention: what its chain was when it went.
+
+    Not a foreign key: the task is gone. ``state_version`` is also the number
+    of events deleted with it (a chain holds v1..vN), so per-tenant counts in an
+    anchor stay comparable after retention. ``key_id`` and ``mac`` seal the row
+    with the chain key (``audit.tombstones``), so a tombstone cannot be planted
+    to excuse a task deleted by hand without that key.
+    """
+
+    task_id = models.UUIDField(unique=True)  # one per task; also the index verify reads by
+    tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.PROTECT, related_name="+")
+    task_type = models.CharField(max_length=64, blank=True, default="")
+    state_version = models.PositiveIntegerField()  # the task's last version
+    audit_head = models.CharField(max_length=64)  # the task's last chain head
+    deleted_at = models.DateTimeField()
+    reason = models.CharField(max_length=200)
+    key_id = models.CharField(max_length=32)
+    mac = models.CharField(max_length=64)
+
+    def __str__(self) -> str:
+        return f"tombstone {self.task_id} v{self.state_version} ({self.reason})"

@@ -1,4 +1,4 @@
-"""Verifying a task's stored chain against its head, on a live system.
+"""Verifying a task's stored chain against its head, on a live system, with the configured keys.
 
 Reads a task's head and its events in one snapshot, so a chain verified while
 workers commit is never reported broken because the row and the log were read
@@ -14,6 +14,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from audit.chain import BrokenLink, verify_events
+from audit.keys import chain_keys
 from audit.models import TransitionEvent
 
 
@@ -32,16 +33,18 @@ def verify_task(task: Any) -> BrokenLink | None:
 def _verify_once(task_id: Any) -> BrokenLink | None:
     # The task model through our own foreign key: audit sits below tasks and does not import it.
     task_model = TransitionEvent._meta.get_field("task").related_model
-    with _snapshot():
+    with snapshot():
         row = task_model._default_manager.filter(pk=task_id).values("audit_head", "state_version").first()
         if row is None:
             return None  # gone with its history (retention): nothing left to disagree
         events = list(TransitionEvent.objects.filter(task_id=task_id).order_by("state_version"))
-    return verify_events(task_id, events, head=row["audit_head"], state_version=row["state_version"])
+    return verify_events(
+        task_id, events, head=row["audit_head"], state_version=row["state_version"], keys=chain_keys()
+    )
 
 
 @contextmanager
-def _snapshot() -> Iterator[None]:
+def snapshot() -> Iterator[None]:
     """A read-only transaction whose reads all see one snapshot.
 
     PostgreSQL's default READ COMMITTED gives every statement its own snapshot:

@@ -19,6 +19,15 @@ from psycopg import sql
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SERVER_URL = "postgres://postgres@127.0.0.1:5432/postgres"
 RESULTS_DIR = ROOT / "bench" / "results"
+# DEBUG off is production, which refuses to start without its secrets: a SECRET_KEY, the sandbox's
+# token, the audit chain's key and the key sealing sensitive fields. The benches' databases are thrown
+# away after each run, so public bench-only values do; spawned processes inherit them.
+BENCH_ENV = {
+    "SECRET_KEY": "bench-only-not-secret",
+    "SANDBOX_TOKEN": "bench-only-sandbox-token",
+    "AUDIT_HMAC_KEYS": "bench:bench-only-audit-chain-key-not-secret",
+    "FIELD_ENCRYPTION_KEYS": "bench:YmVuY2gtb25seS1maWVsZC1rZXktbm90LXNlY3JldCE=",
+}
 
 
 def with_dbname(url: str, dbname: str) -> str:
@@ -44,7 +53,8 @@ def setup_django(debug: bool) -> None:
     """Configure Django for the database in DATABASE_URL (set by main before spawning)."""
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
     os.environ["DEBUG"] = "1" if debug else "0"
-    os.environ.setdefault("SECRET_KEY", "bench-only-not-secret")
+    for name, value in BENCH_ENV.items():  # spawned processes inherit them
+        os.environ.setdefault(name, value)
     os.environ.setdefault("CELERY_BROKER_URL", "memory://")  # nothing here may reach a real broker
     import django
     from django.apps import apps

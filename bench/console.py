@@ -93,11 +93,11 @@ FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS n
 EVENTS_SQL = """
 INSERT INTO audit_transitionevent (state_version, from_state, to_state, trigger, actor_kind, actor_id,
     reason, reason_code, attempt, policy_version, parent_id, trace_id, created_at, prev_hash, hash,
-    task_id, tenant_id, checkpoint_digest)
+    task_id, tenant_id, checkpoint_digest, key_id)
 SELECT 1, '', 'ready', 'start', 'system', 'bench', 'started',
     CASE WHEN n %% 7 = 0 THEN 'step_error' ELSE '' END, 0, '2026-11', NULL, '',
     now() - ((n * 7919) %% 100003) * interval '7 seconds', '', md5('e' || n) || md5('f' || n),
-    md5('bench' || n)::uuid, %(tenant)s, ''
+    md5('bench' || n)::uuid, %(tenant)s, '', ''
 FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS n
 """
 CHECKPOINTS_SQL = """

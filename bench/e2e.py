@@ -63,6 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # `python bench/e2e.py` puts bench/ first, not the project
 
 from bench.common import (  # noqa: E402
+    BENCH_ENV,
     DEFAULT_SERVER_URL,
     RESULTS_DIR,
     machine_info,
@@ -95,7 +96,7 @@ def _child_env(url: str, sandbox_url: str) -> dict[str, str]:
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "DATABASE_URL": url,
         "DEBUG": "0",
-        "SECRET_KEY": os.environ.get("SECRET_KEY", "bench-only-not-secret"),
+        **{name: os.environ.get(name, value) for name, value in BENCH_ENV.items()},  # secrets and keys
         "ALLOWED_HOSTS": "127.0.0.1,localhost",
         "SECURE_SSL_REDIRECT": "0",  # the sandbox is plain HTTP on loopback
         "CELERY_BROKER_URL": "memory://",  # workers poll PostgreSQL; no doorbell reaches a real broker

@@ -253,7 +253,6 @@ def _reset(url: str) -> None:
     """Leases back to token 1 and released, so every phase starts alike and tokens count its claims."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("UPDATE tasks_lease SET token = 1, expires_at = now(), heartbeat_at = now()")
-        conn.execute("DELETE FROM audit_leasetakeover")
     settle(url)
 
 

@@ -9,8 +9,8 @@ What it measures
     raw      each writer issues, with plain psycopg and no Django, the statements
              advance() issues, in one transaction: BEGIN; SELECT the task row;
              UPDATE tasks_task ... WHERE id AND state AND state_version (row count
-             checked); INSERT audit_transitionevent (SHA-256 chain hash computed in
-             Python by ``audit.chain.event_hash``); INSERT tasks_checkpoint (the same
+             checked); INSERT audit_transitionevent (HMAC chain hash computed in
+             Python by ``audit.chain.keyed_hash``); INSERT tasks_checkpoint (the same
              canonical JSON body); COMMIT.
 
     ``advance / raw`` is the share of the raw rate our code keeps: the overhead of
@@ -74,7 +74,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # `python bench/transitions.py` puts bench/ first, not the project
 
 from audit import canonical  # noqa: E402  (pure Python: no Django)
-from audit.chain import GENESIS, event_hash  # noqa: E402  (pure Python: no Django)
+from audit.chain import GENESIS, keyed_hash  # noqa: E402  (pure Python: no Django)
+from audit.keys import parse_chain_keys  # noqa: E402  (parses the environment's value; no settings)
 from bench.common import (  # noqa: E402
     DEFAULT_SERVER_URL,
     RESULTS_DIR,
@@ -110,7 +111,7 @@ CHANGEABLE_COLUMNS = (
 EVENT_COLUMNS = (
     "task_id", "tenant_id", "state_version", "from_state", "to_state", "trigger", "actor_kind", "actor_id",
     "reason", "reason_code", "attempt", "policy_version", "parent_id", "trace_id", "checkpoint_digest",
-    "created_at", "prev_hash", "hash",
+    "created_at", "prev_hash", "hash", "key_id",
 )  # fmt: skip
 CHECKPOINT_COLUMNS = ("task_id", "state_version", "schema_version", "codec", "body", "digest", "created_at")
 
@@ -192,7 +193,8 @@ def raw_transition(
             "checkpoint_digest": digest, "created_at": now,
         }  # fmt: skip
         prev_hash = task["audit_head"] or GENESIS
-        head = event_hash(prev_hash, fields)
+        key = parse_chain_keys(os.environ["AUDIT_HMAC_KEYS"])[0]  # set by setup_django, as advance() uses
+        head = keyed_hash(prev_hash, fields, key.secret)
         # A self-loop keeps state_entered_at and wait_deadline; CHANGEABLE fields are written back as read.
         outcome = Jsonb(task["outcome"]) if task["outcome"] is not None else None
         changeable = [outcome, *(task[name] for name in CHANGEABLE_COLUMNS[1:])]
@@ -200,7 +202,7 @@ def raw_transition(
         cur.execute(UPDATE_TASK, ["ready", "", now, task["state_entered_at"], head, *changeable, *where])
         if cur.rowcount != 1:
             raise RuntimeError(f"task {task_id} moved on from v{expected_version}")
-        cur.execute(INSERT_EVENT, [*fields.values(), prev_hash, head])
+        cur.execute(INSERT_EVENT, [*fields.values(), prev_hash, head, key.id])
         cur.fetchone()
         cur.execute(INSERT_CHECKPOINT, [task_id, version, 1, "json/v1", encoded, digest, now])
         cur.fetchone()

@@ -11,15 +11,16 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import worker_init, worker_process_init
+from celery.signals import after_setup_logger, after_setup_task_logger, worker_init, worker_process_init
 
+from audit.redaction import RedactingFilter
 from config import otel
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("config")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["runtime", "approvals"], related_name="workers")
+app.autodiscover_tasks(["runtime", "approvals", "audit"], related_name="workers")
 
 
 @worker_process_init.connect
@@ -33,3 +34,12 @@ def _trace_unforked_worker(sender=None, **kwargs) -> None:
     pool = getattr(sender, "pool_cls", "")
     if "prefork" not in (pool if isinstance(pool, str) else pool.__module__):
         otel.configure(celery=True)
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def _redact_worker_logs(logger=None, **kwargs) -> None:
+    # Celery replaces the handlers LOGGING installed with its own: redact on those too.
+    for handler in getattr(logger, "handlers", ()):
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())

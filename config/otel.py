@@ -4,11 +4,22 @@ Spans always get ids (the audit log records each transition's trace id); they
 are exported over OTLP/HTTP only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set.
 ``OTEL_SDK_DISABLED=true`` turns all of it off. Database spans (psycopg) are
 opt-in with ``OTEL_INSTRUMENT_DB=true``: they cost CPU on every query.
+
+Every span leaves the process redacted (``audit.redaction``): its attributes,
+its events (recorded exceptions with their messages) and its status text, so a
+credential in a URL, a header or an exception message is never exported.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import Status
+
+from audit.redaction import redact, redact_value
 
 _configured = False
 
@@ -29,11 +40,15 @@ def configure(*, celery: bool = False) -> None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        provider.add_span_processor(BatchSpanProcessor(RedactingExporter(OTLPSpanExporter())))
     trace.set_tracer_provider(provider)
 
+    from django.conf import settings
     from opentelemetry.instrumentation.django import DjangoInstrumentor
 
+    # Read the settings first: the instrumentor swallows a refusal to start (ImproperlyConfigured, e.g.
+    # no SECRET_KEY with DEBUG off) and carries on with empty settings, serving nothing but errors.
+    settings.MIDDLEWARE  # noqa: B018 (loads the settings, and raises their refusal here)
     DjangoInstrumentor().instrument()
     if celery:
         from opentelemetry.instrumentation.celery import CeleryInstrumentor
@@ -43,3 +58,40 @@ def configure(*, celery: bool = False) -> None:
         from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 
         PsycopgInstrumentor().instrument()
+
+
+class RedactingExporter(SpanExporter):
+    """A span exporter that hands ``inner`` copies of the spans with every text redacted."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return self.inner.export([redacted_span(span) for span in spans])
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return bool(self.inner.force_flush(timeout_millis))
+
+
+def redacted_span(span: ReadableSpan) -> ReadableSpan:
+    """A copy of a finished span whose attributes, events and status text are redacted."""
+    status = span.status
+    if status.description:
+        status = Status(status.status_code, redact(status.description))
+    return ReadableSpan(
+        name=span.name,
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes=redact_value(dict(span.attributes or {})),
+        events=[Event(e.name, redact_value(dict(e.attributes or {})), e.timestamp) for e in span.events],
+        links=span.links,
+        kind=span.kind,
+        status=status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )

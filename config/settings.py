@@ -7,19 +7,33 @@ concurrency guarantee is written for and tested on.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from datetime import timedelta
 from pathlib import Path
 
 import environ
+from csp.constants import NONE, SELF
+from django.core.exceptions import ImproperlyConfigured
+
+from config import external
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
 env = environ.Env()
 
-DEBUG = env.bool("DEBUG", default=True)
-# A development key is only acceptable while DEBUG is on; production must set one.
-SECRET_KEY = env.str("SECRET_KEY", default="dev-only-insecure-key" if DEBUG else environ.Env.NOTSET)
+# Safe by default (README, "Configuration"): with no environment this is production — DEBUG off,
+# and no start without a SECRET_KEY. Development says so explicitly (DEBUG=1; `make demo` does).
+DEBUG = env.bool("DEBUG", default=False)
+SECRET_KEY = env.str("SECRET_KEY", default="")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "SECRET_KEY is not set. Production needs one (50 or more random characters); for a "
+            "development run set DEBUG=1, which allows a public development key (make demo sets both)."
+        )
+    SECRET_KEY = "dev-only-insecure-key"  # public: acceptable only because DEBUG=1 was asked for
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
@@ -32,10 +46,11 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "guardian",
     "django_htmx",
+    "axes",  # login throttling and lockout (AXES_* below)
+    "csp",  # Content-Security-Policy (CONTENT_SECURITY_POLICY below)
     # Layers, lowest first (the contract in pyproject.toml, checked by import-linter):
     "tenancy",
     "audit",
@@ -58,7 +73,14 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    # After auth and messages: ends idle or too old sessions (SESSION_*_TIMEOUT below), and marks every
+    # response to a signed-in user no-store (config/middleware.py).
+    "config.middleware.SessionTimeoutMiddleware",
+    "config.middleware.NoStoreForUsersMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last: turns a lockout flagged during authentication into the lockout page (AXES_LOCKOUT_TEMPLATE).
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -91,6 +113,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTHENTICATION_BACKENDS = [
+    # First: refuses a locked-out username+address before any password is checked.
+    "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
     "guardian.backends.ObjectPermissionBackend",
 ]
@@ -103,6 +127,23 @@ LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "console:landing"  # approvers land on their inbox, others on the queue
 LOGOUT_REDIRECT_URL = "/accounts/login/"
 
+# Login throttling (django-axes): AXES_FAILURE_LIMIT wrong passwords for one username from one
+# address lock that pair out for AXES_COOLOFF_MINUTES (each further try restarts the wait); a
+# successful login clears the count. Attempts live in the database, so every process sees them.
+AXES_FAILURE_LIMIT = env.int("AXES_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.float("AXES_COOLOFF_MINUTES", default=15.0))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"  # answered with 429
+AXES_DISABLE_ACCESS_LOG = True  # logins are recorded once, in tenancy's access log
+# The client address is REMOTE_ADDR: a forwarded-for header is the client's to forge.
+AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
+
+# The cache holds API throttle counters, which must be shared by every web process: set CACHE_URL
+# to Redis (redis://host:6379/1) or the database (dbcache://django_cache, after
+# `manage.py createcachetable`). Unset, a per-process memory cache: right for the one-process demo only.
+CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
@@ -111,24 +152,42 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "staticfiles"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-if DEBUG:
-    STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns on every request without it
+# WhiteNoise serves static files in every mode. By default straight from their sources (its finders),
+# so DEBUG=0 works with no build step. A production build runs `manage.py collectstatic` and sets
+# STATICFILES_COLLECTED=1: hashed, compressed copies from STATIC_ROOT, cached by browsers for good.
+STATICFILES_COLLECTED = env.bool("STATICFILES_COLLECTED", default=False)
+WHITENOISE_USE_FINDERS = not STATICFILES_COLLECTED
+if not STATICFILES_COLLECTED:
+    with contextlib.suppress(OSError):  # a read-only tree only costs WhiteNoise's warning
+        STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns on every request without it
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
-        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
-        if DEBUG
-        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if STATICFILES_COLLECTED
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
     },
 }
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first so an unauthenticated API call answers 401 with WWW-Authenticate.
-        "rest_framework.authentication.TokenAuthentication",
+        "api.auth.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # Roles are checked by each view; a token is further held to its scopes (api.auth.TokenScopes).
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "api.auth.TokenScopes"],
+    # 429 with Retry-After past these rates: per user, and per address for anonymous callers and
+    # for wrong tokens (api.auth). Counted in the cache (CACHES: shared only when CACHE_URL is set).
+    "DEFAULT_THROTTLE_CLASSES": [
+        "rest_framework.throttling.AnonRateThrottle",
+        "rest_framework.throttling.UserRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "anon": env.str("API_THROTTLE_ANON", default="60/min"),
+        "user": env.str("API_THROTTLE_USER", default="600/min"),
+    },
+    "NUM_PROXIES": 0,  # the throttles' address is REMOTE_ADDR, never a client-supplied X-Forwarded-For
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["api.parsers.BoundedJSONParser"],
@@ -139,11 +198,27 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "COMPONENT_SPLIT_REQUEST": True,
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema is served like every other API answer: signed in, or a token with the read scope.
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated", "api.auth.TokenScopes"],
 }
 
 # Largest checkpoint body written or loaded. Checkpoints hold references and scalar
 # facts, not documents: a bigger body is a blob that slipped in (or was planted).
 CHECKPOINT_MAX_BYTES = env.int("CHECKPOINT_MAX_BYTES", default=256 * 1024)
+# Keys sealing sensitive fields (tasks.sealing): "id:key,id2:key2", urlsafe-base64 Fernet keys; the
+# first seals, every one opens. Never stored in the database. Unset: a public development key with
+# DEBUG on or under the tests; otherwise start-up refuses (task types mark fields sensitive).
+FIELD_ENCRYPTION_KEYS = env.str("FIELD_ENCRYPTION_KEYS", default="")
+# External events one task keeps at most; a new key beyond this is a 409 (repeats still answer).
+EXTERNAL_EVENTS_MAX_PER_TASK = env.int("EXTERNAL_EVENTS_MAX_PER_TASK", default=1000)
+# Tamper evidence (audit/keys.py, audit/anchor.py; README, "Tamper evidence"). Never in the database.
+# AUDIT_HMAC_KEYS: "id:secret,id2:secret2", the first keys new audit events, every one verifies.
+# AUDIT_ANCHOR_KEY: base64 Ed25519 seed signing anchors; AUDIT_ANCHOR_PUBLIC_KEYS: more keys whose
+# anchors verify. Unset: public development keys with DEBUG on or under the tests only.
+AUDIT_HMAC_KEYS = env.str("AUDIT_HMAC_KEYS", default="")
+AUDIT_ANCHOR_KEY = env.str("AUDIT_ANCHOR_KEY", default="")
+AUDIT_ANCHOR_PUBLIC_KEYS = env.list("AUDIT_ANCHOR_PUBLIC_KEYS", default=[])
+AUDIT_ANCHOR_DIR = Path(env.str("AUDIT_ANCHOR_DIR", default=str(VAR_DIR / "anchors")))
 # Identifies the code that is running; checkpoints record it, and a task resumed
 # by another deployment goes through resume validation first.
 DEPLOYMENT_ID = env.str("DEPLOYMENT_ID", default="dev")
@@ -155,13 +230,21 @@ DEFAULT_POLICY_VERSION = env.str("DEFAULT_POLICY_VERSION", default="2026-11")
 # External systems. Each connector's base URL is CONNECTOR_<NAME>_URL; unset, it
 # is the sandbox served by this project under /sandbox/<name>.
 # The simulated systems under /sandbox/ (demo and tests); off by default in production.
-SANDBOX_ENABLED = env.bool("SANDBOX_ENABLED", default=DEBUG)
+SANDBOX_ENABLED = env.bool("SANDBOX_ENABLED", default=False)
+# Every sandbox call carries `Authorization: Bearer <SANDBOX_TOKEN>` (401 otherwise); connectors left
+# pointing at the sandbox send it. A development run has a public default; production sets its own.
+SANDBOX_TOKEN = env.str("SANDBOX_TOKEN", default="dev-only-sandbox-token" if DEBUG else "")
+if SANDBOX_ENABLED and not SANDBOX_TOKEN:
+    raise ImproperlyConfigured("SANDBOX_ENABLED=1 with DEBUG off needs SANDBOX_TOKEN (a random secret).")
 SANDBOX_BASE_URL = env.str("SANDBOX_BASE_URL", default="http://127.0.0.1:8000/sandbox")
-CONNECTOR_URLS = {
-    key[len("CONNECTOR_") : -len("_URL")].lower(): value
-    for key, value in os.environ.items()
-    if key.startswith("CONNECTOR_") and key.endswith("_URL") and value
-}
+# Per connector (config/external.py): CONNECTOR_<NAME>_URL, _TOKEN (sent as a bearer token; on the
+# sandbox it defaults to SANDBOX_TOKEN), _HEADERS (a JSON object) and _PUBLIC_URL (the base of the
+# evidence links approvers open; default the URL). A URL holding user:pass@ is refused at start-up.
+CONNECTOR_URLS = external.connector_values(os.environ, "_URL")
+CONNECTOR_TOKENS = external.connector_values(os.environ, "_TOKEN")
+CONNECTOR_HEADERS = external.connector_headers(os.environ)
+CONNECTOR_PUBLIC_URLS = external.connector_values(os.environ, "_PUBLIC_URL")
+external.refuse_credentials_in_urls(os.environ)
 CONNECTOR_TIMEOUT = env.float("CONNECTOR_TIMEOUT", default=5.0)
 # Which class serves each connector name; a new connector is one class and one line here.
 LEDGER_CONNECTORS = {
@@ -240,6 +323,8 @@ CELERY_BEAT_SCHEDULE = {
         "task": "ledger.reconcile_unknown",
         "schedule": env.float("RECONCILE_INTERVAL", default=10.0),
     },
+    # Signed chain heads written outside the database (audit.anchor; README, "Tamper evidence").
+    "audit-anchor": {"task": "audit.anchor", "schedule": env.float("AUDIT_ANCHOR_INTERVAL", default=3600.0)},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = env.str(
     "CELERY_BEAT_SCHEDULE_FILENAME", default=str(VAR_DIR / "celerybeat-schedule")
@@ -265,18 +350,48 @@ MODEL_TIMEOUT = env.float("MODEL_TIMEOUT", default=30.0)
 # The scripted model waits this long before answering, as a real model turn would (benchmarks, soak).
 MODEL_LATENCY_MS = env.float("MODEL_LATENCY_MS", default=0.0)
 
-if not DEBUG:
+# HTTPS and the browser's protections (README, "Production"): `manage.py check --deploy` is clean with
+# DEBUG off, a random SECRET_KEY of 50+ characters and ALLOWED_HOSTS set.
+# X-Forwarded-Proto is whatever the client wrote unless a proxy in front replaces it: trusted only when
+# the deployment says it has such a proxy. Behind a TLS-terminating proxy without it, the SSL redirect
+# below would loop.
+if env.bool("TRUST_X_FORWARDED_PROTO", default=False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+if not DEBUG:
     SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=True)
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
-    SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=3600)
-    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
-    SECURE_HSTS_PRELOAD = True
+    SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=365 * 24 * 3600)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
+    SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=True)
+
+# Console sessions end after SESSION_IDLE_TIMEOUT seconds without a request of the person's own (the
+# live refresh's polls do not count) and SESSION_ABSOLUTE_TIMEOUT after sign-in whatever happens
+# (config.middleware.SessionTimeoutMiddleware). The cookie lives no longer than the absolute limit.
+SESSION_IDLE_TIMEOUT = env.int("SESSION_IDLE_TIMEOUT", default=30 * 60)
+SESSION_ABSOLUTE_TIMEOUT = env.int("SESSION_ABSOLUTE_TIMEOUT", default=12 * 3600)
+SESSION_COOKIE_AGE = SESSION_ABSOLUTE_TIMEOUT
+
+# Content-Security-Policy (django-csp 4): our own scripts, styles and images only, no inline script or
+# style, no framing, forms post only here. Pages put behaviour in static/console/*.js, never inline.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "frame-ancestors": [NONE],
+        "form-action": [SELF],
+    },
+}
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    # Every line is redacted (URL credentials, tokens, secrets, sensitive fields) before it is written.
+    "filters": {"redact": {"()": "audit.redaction.RedactingFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["redact"]}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
 }

@@ -15,5 +15,8 @@ urlpatterns = [
     path("console/", include("console.urls")),
 ]
 
+# The console's 403 page, recorded in the access log (API refusals are recorded by api.errors).
+handler403 = "console.access_log.forbidden"
+
 if settings.SANDBOX_ENABLED:
     urlpatterns.append(path("sandbox/", include("demo.sandbox.urls")))

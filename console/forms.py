@@ -100,6 +100,21 @@ class RerunForm(forms.Form):
         return _problem(self)
 
 
+class RevealForm(forms.Form):
+    """Reveal one masked field (``tasks.reveal``) with a reason: from a checkpoint version, or the newest."""
+
+    field = forms.CharField(max_length=64, widget=forms.HiddenInput)
+    state_version = forms.IntegerField(
+        min_value=1, max_value=2**31 - 1, required=False, widget=forms.HiddenInput
+    )
+    reason = forms.CharField(max_length=500, label="Reason to reveal")
+
+    def problem(self) -> str:
+        if "reason" in self.errors:
+            return "A reason is required to reveal a field (up to 500 characters): nothing was revealed."
+        return _problem(self)
+
+
 class DecisionForm(forms.Form):
     decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
     digest = forms.RegexField(regex=r"^[0-9a-f]{64}$", widget=forms.HiddenInput)

@@ -27,7 +27,7 @@ from django.db.models import OuterRef, Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
-from django.utils.cache import patch_vary_headers
+from django.utils.cache import add_never_cache_headers, patch_vary_headers
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST, require_safe
@@ -35,11 +35,11 @@ from django.views.decorators.http import require_POST, require_safe
 from approvals.models import ApprovalRequest
 from audit.models import LeaseTakeover, TransitionEvent
 from console.access import can_operate, get_task_for_user
-from console.forms import DESTRUCTIVE, AnswerForm, ControlForm, RerunForm
+from console.forms import DESTRUCTIVE, AnswerForm, ControlForm, RerunForm, RevealForm
 from console.quarantine import BEFORE_RELEASE
 from ledger.models import Action
 from runtime import controls
-from tasks import checkpoints, registry, selectors, services
+from tasks import checkpoints, registry, reveal, sealing, selectors, services
 from tasks.checkpoints import CheckpointUnreadable
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import Checkpoint, Lease, Task
@@ -213,6 +213,9 @@ class Shown:
     created_at: datetime | None = None
     digest: str = ""
     stored: str = ""  # an unreadable one's body as stored (the start of it), schema and codec
+    facts: dict[str, Any] = field(default_factory=dict)  # as shown: the sensitive ones masked
+    sensitive: frozenset[str] = frozenset()  # the task type's sensitive names
+    masked: tuple[str, ...] = ()  # the facts shown masked (each with a reveal form)
 
 
 def _with_recorded_digest(rows: Any) -> Any:
@@ -222,7 +225,7 @@ def _with_recorded_digest(rows: Any) -> Any:
     return rows.annotate(recorded_digest=Subquery(recorded))
 
 
-def _shown(row: Any) -> Shown:
+def _shown(row: Any, task_type: str) -> Shown:
     try:
         document = checkpoints.decode_stored(row, recorded_digest=row.recorded_digest)
     except CheckpointUnreadable as exc:
@@ -230,16 +233,28 @@ def _shown(row: Any) -> Shown:
         return Shown(
             row.state_version, None, f"{exc.reason}: {exc.detail}", row.created_at, row.digest, stored
         )
-    return Shown(row.state_version, document, "", row.created_at, row.digest)
+    sensitive = registry.sensitive_fields(task_type)
+    return Shown(
+        row.state_version,
+        document,
+        "",
+        row.created_at,
+        row.digest,
+        facts=reveal.masked_facts(task_type, dict(document.facts)),
+        sensitive=sensitive,
+        masked=tuple(reveal.masked_names(task_type, dict(document.facts))),
+    )
 
 
 def _load_checkpoints(task: Task, versions: list[int]) -> dict[int, Shown]:
     """The given versions (one query), or the newest when ``versions`` is empty."""
     rows = _with_recorded_digest(Checkpoint.objects.filter(task=task))
     if versions:
-        return {row.state_version: _shown(row) for row in rows.filter(state_version__in=versions)}
+        return {
+            row.state_version: _shown(row, task.task_type) for row in rows.filter(state_version__in=versions)
+        }
     newest = rows.order_by("-state_version").first()
-    return {newest.state_version: _shown(newest)} if newest is not None else {}
+    return {newest.state_version: _shown(newest, task.task_type)} if newest is not None else {}
 
 
 def _version(text: str | None) -> int | None:
@@ -271,9 +286,17 @@ def checkpoint_diff(older: Shown, newer: Shown) -> Diff:
     if older.document is None or newer.document is None:
         return Diff(older, newer)
     a, b = older.document.facts, newer.document.facts
-    facts = [("added", k, "", _json(b[k])) for k in sorted(b.keys() - a.keys())]
-    facts += [("removed", k, _json(a[k]), "") for k in sorted(a.keys() - b.keys())]
-    facts += [("changed", k, _json(a[k]), _json(b[k])) for k in sorted(a.keys() & b.keys()) if a[k] != b[k]]
+    # Compared in clear, shown masked: a changed card shows as changed even when its tail is the same.
+    sensitive = older.sensitive | newer.sensitive
+
+    def show(name: str, value: Any) -> str:
+        return _json(sealing.mask(value) if name in sensitive else value)
+
+    facts = [("added", k, "", show(k, b[k])) for k in sorted(b.keys() - a.keys())]
+    facts += [("removed", k, show(k, a[k]), "") for k in sorted(a.keys() - b.keys())]
+    facts += [
+        ("changed", k, show(k, a[k]), show(k, b[k])) for k in sorted(a.keys() & b.keys()) if a[k] != b[k]
+    ]
     before, after = older.document.model_dump(mode="json"), newer.document.model_dump(mode="json")
     fields = [
         (name, _json(before.get(name)), _json(after.get(name)))
@@ -554,10 +577,13 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         "controls": _control_forms(request, task, draft, last_check, in_doubt),
         "answer_form": answer_form,
         "rerun_form": rerun_form,
-        "input_json": json.dumps(task.input, indent=2, sort_keys=True),
-        "outcome_json": json.dumps(task.outcome, indent=2, sort_keys=True)
-        if task.outcome is not None
-        else "",
+        # Sensitive fields masked; each may be revealed (operators, admins), recorded, from "revealable".
+        "input_json": _masked_json(reveal.masked_input(task)),
+        "outcome_json": _masked_json(reveal.masked_outcome(task)) if task.outcome is not None else "",
+        "can_reveal": reveal.may_reveal(request.user, task),
+        "revealable": sorted(
+            {*reveal.masked_names(task.task_type, task.input), *reveal.outcome_masked_names(task)}
+        ),
         "rerun_of": Task.objects.filter(pk=task.rerun_of_id).values("id", "state").first()
         if task.rerun_of_id
         else None,
@@ -569,6 +595,12 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         **checkpoint_context,
         **_timeline(task, request.GET),
     }
+
+
+def _masked_json(value: Any) -> str:
+    # ASCII-escaped as before (an invisible control stays visible as \\uXXXX); only the mask's
+    # bullets are written as themselves.
+    return json.dumps(value, indent=2, sort_keys=True).replace("\\u2022", "•")
 
 
 def _operable(request: HttpRequest, task_id: UUID) -> Task:
@@ -688,3 +720,29 @@ def task_rerun(request: HttpRequest, task_id: UUID) -> HttpResponse:
     else:
         messages.info(request, "This rerun was already started (the form was sent twice).")
     return redirect("console:task", task_id=rerun.id)
+
+
+@login_required
+@require_POST
+def task_reveal(request: HttpRequest, task_id: UUID) -> HttpResponse:
+    """Show one masked field in clear (``tasks.reveal.reveal_field``: operators and admins, recorded)."""
+    task = get_task_for_user(request.user, task_id)
+    if not reveal.may_reveal(request.user, task):
+        raise PermissionDenied
+    form = RevealForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, form.problem())
+        return redirect("console:task", task_id=task.id)
+    try:
+        found = reveal.reveal_field(task, user=request.user, request=request, **form.cleaned_data)
+    except reveal.RevealRefused as exc:
+        messages.error(request, f"Nothing revealed: {exc}")
+        return redirect("console:task", task_id=task.id)
+    except CheckpointUnreadable as exc:
+        messages.error(
+            request, f"Nothing revealed: the checkpoint cannot be read ({exc.reason}: {exc.detail})."
+        )
+        return redirect("console:task", task_id=task.id)
+    response = render(request, "console/task/revealed.html", {"task": task, "revealed": found})
+    add_never_cache_headers(response)  # the clear value is never kept by the browser or a proxy
+    return response

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from console import audit, bulk, preferences, quarantine, saved_views, task_page, views
+from console import access_log, audit, bulk, preferences, quarantine, saved_views, task_page, views
 from console import queue as queue_export
 
 app_name = "console"
@@ -11,6 +11,7 @@ urlpatterns = [
     # Before the controls' catch-all: "answer" and "rerun" are not controls of the transition table.
     path("tasks/<uuid:task_id>/answer/", task_page.task_answer, name="task-answer"),
     path("tasks/<uuid:task_id>/rerun/", task_page.task_rerun, name="task-rerun"),
+    path("tasks/<uuid:task_id>/reveal/", task_page.task_reveal, name="task-reveal"),
     path("tasks/<uuid:task_id>/<slug:control>/", task_page.task_control, name="task-control"),
     path("start/", views.landing, name="landing"),
     path("approvals/", views.approval_inbox, name="approvals"),
@@ -28,4 +29,5 @@ urlpatterns = [
     path("bulk/", bulk.operations, name="bulk-list"),
     path("bulk/new/", bulk.preview, name="bulk-preview"),
     path("bulk/<uuid:operation_id>/", bulk.report, name="bulk-report"),
+    path("access/", access_log.access_events, name="access"),
 ]

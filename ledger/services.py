@@ -19,6 +19,7 @@ from typing import Any
 from django.db.models import Exists, F
 from django.utils import timezone
 
+from audit.redaction import redact
 from ledger.models import DISPATCH_MOVES, Action, DispatchState
 
 
@@ -46,6 +47,8 @@ def action_move(
         fields.setdefault("unknown_since", now)
     if target not in (DispatchState.DISPATCHING, DispatchState.UNKNOWN):
         fields.setdefault("resolved_at", now)
+    if isinstance(fields.get("last_error"), str):
+        fields["last_error"] = redact(fields["last_error"])  # whatever connector raised it
     rows = Action.objects.filter(pk=action_id, dispatch_state=source)
     if attempts is not None:
         rows = rows.filter(attempts=attempts)

@@ -8,9 +8,12 @@ a reason; ``reconcile`` asks the authoritative systems first
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from approvals import services as approvals
 from runtime.reconcile import reconcile_task
 from tasks import services
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
@@ -95,6 +98,7 @@ def task_control(
             note = f"{result.still_unknown} still unknown: {note}"
         return ControlResult(result.task, applied=result.moved, note=note)
     changes: dict[str, Any] = {}
+    also: list[Callable[[], None]] = []
     reason_code = control
     if control == "escalate":
         changes = {
@@ -102,6 +106,12 @@ def task_control(
             "escalated_to": escalate_to,
             "escalation_reason": reason,
         }
+        # A task waiting for approval keeps its request, now decided by the escalation's role,
+        # at the version the escalation moves the task to (recorded in the event's reason).
+        retarget = approvals.retarget_on_escalation(task, escalate_to=escalate_to)
+        if retarget is not None:
+            also.append(functools.partial(retarget.apply, expected_version + 1))
+            reason = f"{reason} ({retarget.note})"
     elif control == "cancel":
         reason_code = f"cancel:{scope}"
     elif control == "retry_migration":
@@ -115,6 +125,7 @@ def task_control(
         trigger=trigger,
         reason=reason,
         reason_code=reason_code,
+        also=also,
         **changes,
     )
     services.ring_if_runnable(task)

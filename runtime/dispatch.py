@@ -23,12 +23,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from audit.redaction import redact
 from ledger import connectors
 from ledger.connectors.base import OutcomeUnknown, Rejected
 from ledger.models import SENDABLE, Action, DispatchState
 from ledger.services import action_move
 from runtime import chaos, db
-from tasks import leases
+from tasks import leases, sealing
 from tasks.exceptions import LeaseLost
 from tasks.leases import Held
 from tasks.models import Lease
@@ -47,6 +48,7 @@ class Claimed:
     action: Action
     lease: Held
     at: float
+    effect: dict[str, Any]  # the effect as it is sent: its sealed values opened (``tasks.sealing``)
 
 
 def _lost(lease: Held, why: str) -> LeaseLost:
@@ -62,6 +64,9 @@ def claim(action_id: int, *, lease: Held) -> Claimed | None:
     action = Action.objects.get(pk=action_id)
     if action.dispatch_state not in SENDABLE:
         return None
+    # Opened before the claim: an effect this process cannot open (its key retired) is never marked as
+    # sent; the error (naming the field and key id, not the value) quarantines the task instead.
+    effect = sealing.open_effect(action.idempotency_key, action.effect)
     chaos.before_claim(action)
     moved = action_move(
         action.pk,
@@ -77,7 +82,7 @@ def claim(action_id: int, *, lease: Held) -> Claimed | None:
         if unchanged:
             raise _lost(lease, "cannot claim the send")
         return None
-    return Claimed(Action.objects.get(pk=action_id), lease, time.monotonic())
+    return Claimed(Action.objects.get(pk=action_id), lease, time.monotonic(), effect)
 
 
 def _may_still_send(claimed: Claimed) -> str:
@@ -107,19 +112,18 @@ def send(claimed: Claimed) -> Action:
     fields: dict[str, Any]
     try:
         with db.released():  # no database session held while the system answers
-            outcome = connector.dispatch(action.idempotency_key, dict(action.effect))
+            outcome = connector.dispatch(action.idempotency_key, dict(claimed.effect))
         chaos.after_send(action)
     except Rejected as exc:
+        error = redact(str(exc))  # kept in the ledger and shown on task pages
         target, fields = (
             DispatchState.FAILED,
-            {
-                "last_error": str(exc)[:2000],
-                "outcome": {"status": "rejected", "detail": str(exc)[:500]},
-            },
+            {"last_error": error[:2000], "outcome": {"status": "rejected", "detail": error[:500]}},
         )
     except OutcomeUnknown as exc:
-        log.warning("outcome unknown", extra={"action": action.idempotency_key, "error": str(exc)})
-        target, fields = DispatchState.UNKNOWN, {"last_error": str(exc)[:2000]}
+        error = redact(str(exc))
+        log.warning("outcome unknown", extra={"action": action.idempotency_key, "error": error})
+        target, fields = DispatchState.UNKNOWN, {"last_error": error[:2000]}
     else:
         target = DispatchState.SUCCEEDED if outcome.status == "succeeded" else DispatchState.FAILED
         fields = {

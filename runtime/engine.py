@@ -203,7 +203,7 @@ def _dispatch(
     """
     if any(call.step == step.name for call in progress.tool_calls):
         return _advance_to(progress, step.next, task)  # done before a refresh or replan brought us back
-    if step.approval:
+    if step.needs_approval(facts):  # always when it names one, or above the type's money thresholds
         # The approved action runs only as approved: recheck the binding right before the intent.
         approved = approvals.latest_request(task, step.approval)
         if approved is None or approved.status != ApprovalStatus.APPROVED:

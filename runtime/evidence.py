@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from audit.redaction import redact
 from ledger import connectors
 from ledger.connectors.base import ReadUnavailable
 from runtime import db
@@ -59,8 +60,9 @@ def fetch(system: str, record_id: str) -> Record:
         with db.released():  # no database session held while the system answers
             found = connectors.get(system).read(record_id)
     except ReadUnavailable as exc:
-        # The connector's message names the system; it may quote what the system sent.
-        raise EvidenceUnavailable(values.printable(str(exc))) from None
+        # The connector's message names the system; it may quote what the system sent (redacted:
+        # it becomes the task's audit reason).
+        raise EvidenceUnavailable(values.printable(redact(str(exc)))) from None
     if found is None:
         raise EvidenceMissing(f"{system} has no record {record_id!r}")
     record = Record(system, record_id, found.version, found.data)

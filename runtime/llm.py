@@ -12,6 +12,10 @@ cannot be stored (``tasks.values``). Refused rather than cleaned: answers
 route the workflow by exact text, and a corrupted answer quietly repaired
 into a route ("ref<NUL>und" -> "refund") would act on output the model never
 gave cleanly. The step retries the turn later, like any transient failure.
+
+The endpoint's key (``MODEL_API_KEY``) travels as a bearer header, never in
+``MODEL_URL`` (a URL with user-info is refused). A failure's message becomes a
+task's audit reason, so it is redacted (``audit.redaction``) before it leaves here.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from typing import Any, Protocol
 import httpx
 from django.conf import settings
 
+from audit.redaction import redact
+from config.external import has_userinfo
 from tasks import registry, values
 from tasks.checkpoints import MAX_FACT_LENGTH
 
@@ -81,7 +87,7 @@ class ScriptedModel:
             raise ModelUnavailable(f"scripted model has no script for prompt {prompt_id!r}")
         if self.latency:
             time.sleep(self.latency)
-        return Reply(script(facts), self.model_id)
+        return Reply(script(registry.facts_for_model(prompt_id, facts)), self.model_id)
 
 
 class OpenAICompatibleModel:
@@ -96,6 +102,8 @@ class OpenAICompatibleModel:
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ):
+        if has_userinfo(base_url):
+            raise ValueError("the model URL holds a user name or password: pass the key as api_key instead")
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.model_id = f"openai-compatible:{model}"
@@ -108,7 +116,13 @@ class OpenAICompatibleModel:
             "temperature": 0,
             "messages": [
                 {"role": "system", "content": system},
-                {"role": "user", "content": json.dumps(dict(facts), sort_keys=True, default=str)},
+                {
+                    "role": "user",
+                    # Sensitive facts masked unless the task type says the model needs them.
+                    "content": json.dumps(
+                        registry.facts_for_model(prompt_id, facts), sort_keys=True, default=str
+                    ),
+                },
             ],
             "metadata": {"prompt_id": prompt_id},
         }
@@ -118,10 +132,10 @@ class OpenAICompatibleModel:
             payload = response.json()
             text = payload["choices"][0]["message"]["content"]
         except httpx.TimeoutException as exc:
-            raise ModelUnavailable(values.printable(f"model timed out: {exc}")) from None
+            raise ModelUnavailable(redact(values.printable(f"model timed out: {exc}"))) from None
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
             failure = f"model call failed: {type(exc).__name__}: {exc}"
-            raise ModelUnavailable(values.printable(failure)) from None
+            raise ModelUnavailable(redact(values.printable(failure))) from None
         if not isinstance(text, str):
             raise ModelUnavailable("model reply has no text content")
         return Reply(text.strip(), f"openai-compatible:{payload.get('model', self.model)}")

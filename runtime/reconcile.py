@@ -33,6 +33,7 @@ from django.db import DatabaseError
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from audit.redaction import redact
 from ledger import connectors
 from ledger.connectors.base import Outcome, OutcomeUnknown
 from ledger.models import IN_DOUBT, Action, DispatchState
@@ -87,7 +88,7 @@ def reconcile_action(action: Action, *, force: bool = False) -> Action:
     try:
         found = connectors.get(action.connector).lookup(action.idempotency_key)
     except OutcomeUnknown as exc:
-        Action.objects.filter(**guard).update(last_error=str(exc)[:2000], checked_at=asked_at)
+        Action.objects.filter(**guard).update(last_error=redact(str(exc))[:2000], checked_at=asked_at)
         return Action.objects.get(pk=action.pk)
     target: DispatchState
     fields: dict[str, Any]

@@ -31,6 +31,7 @@ from uuid import UUID
 from django.db import DatabaseError, DataError, IntegrityError
 from django.utils import timezone
 
+from audit.redaction import redact
 from runtime import chaos, engine
 from runtime.llm import Model, default_model
 from tasks import checkpoints, decisions, leases, services, values
@@ -135,7 +136,8 @@ def _quarantine_after_error(task_id: UUID | str, actor: Actor, lease: leases.Hel
             State.QUARANTINED,
             actor=actor,
             trigger=Trigger.QUARANTINE,
-            reason=values.printable(f"{type(exc).__name__}: {_cause(exc)}", 1000),
+            # Redacted before it is cut short: a secret cut in half would no longer be recognised.
+            reason=values.printable(redact(f"{type(exc).__name__}: {_cause(exc)}"), 1000),
             reason_code="step_error",
             lease=lease,
         )

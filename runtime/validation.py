@@ -47,7 +47,9 @@ def validate(task: Task, checkpoint: Checkpoint, kind: registry.TaskType, now: d
         )
     if kind.step(checkpoint.step) is None:
         return quarantine(progress, "unknown_step", f"step {checkpoint.step!r} is not part of {kind.name}")
-    if task.owner is not None and not has_role(task.owner, task.tenant_id, Role.OPERATOR, Role.ADMIN):
+    if task.owner is not None and not has_role(
+        task.owner, task.tenant_id, Role.OPERATOR, Role.ADMIN, Role.INTEGRATOR
+    ):
         return quarantine(
             progress, "owner_access_revoked", f"owner {task.owner} no longer operates this tenant"
         )

@@ -108,6 +108,15 @@ CREATE_RATE = 6.0  # tasks per second over the chaos window
 MIN_WINDOW = 20.0
 TICK = 0.1
 SANDBOX_PROCESSES, SANDBOX_THREADS = 2, 4
+# DEBUG off is production, which refuses to start without a SECRET_KEY; the soak's database is thrown
+# away after the run, so public soak-only values do. Its own sandbox answers only SANDBOX_TOKEN.
+# The audit chain's key and the field-sealing key too: DEBUG off needs them all.
+SOAK_ENV = {
+    "SECRET_KEY": "soak-only-not-secret",
+    "SANDBOX_TOKEN": "soak-only-sandbox-token",
+    "AUDIT_HMAC_KEYS": "soak:soak-only-audit-chain-key-not-secret!",
+    "FIELD_ENCRYPTION_KEYS": "soak:c29hay1vbmx5LWZpZWxkLWtleS1ub3Qtc2VjcmV0ISE=",
+}
 WORKER_ENV = {
     # The connector gives up after 0.5 s; every injected commit lands within 0.8 s of arriving. A lookup
     # that finds nothing is trusted as "absent" only once the send cannot land any more: past the send
@@ -342,7 +351,7 @@ def child_env(url: str, sandbox: str) -> dict[str, str]:
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "DATABASE_URL": url,
         "DEBUG": "0",
-        "SECRET_KEY": os.environ.get("SECRET_KEY", "soak-only-not-secret"),
+        **{name: os.environ.get(name, value) for name, value in SOAK_ENV.items()},  # secrets, sandbox token
         "ALLOWED_HOSTS": "127.0.0.1,localhost",
         "SECURE_SSL_REDIRECT": "0",  # the sandbox is plain HTTP on loopback
         "CELERY_BROKER_URL": "memory://",  # workers poll PostgreSQL; no doorbell reaches a real broker
@@ -1012,6 +1021,7 @@ def _disagreements(
 ) -> tuple[list[str], int]:
     """Where the ledger and the sandbox disagree (and how many effects landed after being found absent)."""
     from ledger.models import SETTLED_FAILED, SETTLED_OK, DispatchState
+    from tasks import sealing
     from tasks.states import State
 
     by_key = {action.idempotency_key: action for action in actions}
@@ -1039,7 +1049,10 @@ def _disagreements(
         found = effect_of.get((action.connector, action.idempotency_key))
         if found is None:
             mismatches.append(f"{action}: succeeded in the ledger, the system has no such effect")
-        elif (action.external_ref, action.effect) != (str(found.pk), found.request):
+        elif (action.external_ref, sealing.open_effect(action.idempotency_key, action.effect)) != (
+            str(found.pk),
+            found.request,
+        ):  # the ledger keeps sensitive keys sealed; the system got them opened
             mismatches.append(f"{action}: the ledger's reference or request is not the system's")
     for task in tasks:
         if task.state == State.COMPLETED:
@@ -1173,7 +1186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     recreate_database(server_url, args.database, create=True)
     try:
         os.environ.update(DJANGO_SETTINGS_MODULE="config.settings", DATABASE_URL=url, DEBUG="0")
-        os.environ.setdefault("SECRET_KEY", "soak-only-not-secret")
+        for name, value in SOAK_ENV.items():  # the verdict's lookups reach the sandbox; children inherit
+            os.environ.setdefault(name, value)
         os.environ["CELERY_BROKER_URL"] = "memory://"  # the doorbells this driver rings reach no broker
         # This driver's own product calls log errors only (kombu warns of the in-memory doorbell's host).
         os.environ.setdefault("LOG_LEVEL", "ERROR")

@@ -14,21 +14,36 @@ of the transition that wrote it records the same digest inside its chain hash.
 ``decode_stored`` checks size, codec and digest before parsing a byte, and the
 ``schema_version`` column against the body after, so a body edited outside the
 application is refused (and its task quarantined), never resumed from.
+
+Sealed facts: the facts a task type marks sensitive are stored as envelopes
+(``tasks.sealing``), each bound to its task, version and field. The digest is
+taken over the body with each envelope's key id and token blanked
+(``sealing.blank``), and only that: rotating keys rewrites a body in place
+(``manage.py rotate_keys``) without changing the digest its audit event holds,
+so the chain stays verifiable across rotations. The token is not left unguarded
+by this — Fernet authenticates it and the place sealed inside it must be where
+it is found — but it is guarded by the key rather than by the chain. Decoding
+opens every envelope; one that cannot be opened (its key retired, the token
+altered, or moved from another row or field) is ``checkpoint_undecryptable``,
+naming the field and the key id, never the value. A body without envelopes
+(written before sealing, or of a type with nothing sensitive) digests exactly
+as before: SHA-256 of the body as stored.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from audit import canonical
-from tasks import values
+from tasks import sealing, values
 from tasks.states import State
 
 CURRENT_SCHEMA = 2
@@ -147,6 +162,8 @@ class CheckpointUnreadable(Exception):
     CODEC_MISMATCH = "checkpoint_codec_mismatch"
     SCHEMA_MISMATCH = "checkpoint_schema_mismatch"
     TOO_LARGE = "checkpoint_too_large"
+    # A sealed fact cannot be opened: its key is no longer configured, or the token is not what was sealed.
+    UNDECRYPTABLE = "checkpoint_undecryptable"
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
@@ -167,13 +184,23 @@ def _v1_to_v2(document: dict[str, Any]) -> dict[str, Any]:
 MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2}
 
 
-def encode(checkpoint: Checkpoint) -> str:
-    return canonical.dumps(checkpoint.model_dump(mode="json"), version=canonical.V1_ASCII)
+def place(task_id: Any, state_version: Any) -> sealing.Place:
+    """Where a checkpoint's sealed values belong: its task and version (then the path to the field)."""
+    return ("checkpoint", str(task_id), state_version)
+
+
+def encode(checkpoint: Checkpoint, *, sealed: Collection[str] = ()) -> str:
+    """The stored body of ``checkpoint``, with the facts named in ``sealed`` sealed."""
+    document = checkpoint.model_dump(mode="json")
+    if sealed:
+        at = (*place(checkpoint.task_id, checkpoint.state_version), "facts")
+        document["facts"] = sealing.seal_fields(document["facts"], sealed, at)
+    return canonical.dumps(document, version=canonical.V1_ASCII)
 
 
 def digest(body: str) -> str:
-    """SHA-256 (hex) of a stored body, as the checkpoint row and its audit event record it."""
-    return canonical.digest_text(body)
+    """SHA-256 (hex) of a stored body with its envelopes blanked, as the row and its audit event record it."""
+    return canonical.digest_text(sealing.blank(body))
 
 
 def max_bytes() -> int:
@@ -237,8 +264,9 @@ def decode(body: str, schema_version: int | None = None) -> Checkpoint:
     Raises ``CheckpointUnreadable`` with reason ``checkpoint_schema_newer``
     (written by newer code), ``checkpoint_corrupt`` (not a valid document at
     its own version), ``checkpoint_schema_mismatch`` (the column and the body
-    disagree) or ``checkpoint_unmigratable`` (no migration path, or a
-    migration step failed).
+    disagree), ``checkpoint_undecryptable`` (a sealed fact cannot be opened
+    here) or ``checkpoint_unmigratable`` (no migration path, or a migration
+    step failed).
     """
     try:
         document = json.loads(body)
@@ -258,6 +286,8 @@ def decode(body: str, schema_version: int | None = None) -> Checkpoint:
         raise CheckpointUnreadable(
             CheckpointUnreadable.SCHEMA_NEWER, f"schema {version} is newer than {CURRENT_SCHEMA}"
         )
+    if sealing.has_envelopes(body):
+        document = _opened(document)
     document = migrate(document, version)
     try:
         return Checkpoint.model_validate(document)
@@ -267,6 +297,19 @@ def decode(body: str, schema_version: int | None = None) -> Checkpoint:
         raise CheckpointUnreadable(
             CheckpointUnreadable.CORRUPT, f"{where}: {first['msg']} ({exc.error_count()} errors)"
         ) from None
+
+
+def _opened(document: dict[str, Any]) -> dict[str, Any]:
+    """``document`` with its sealed values opened, each checked against the task and version it names."""
+    try:
+        opened: dict[str, Any] = sealing.open_all(
+            document, place(document.get("task_id"), document.get("state_version"))
+        )
+    except sealing.Unopenable as exc:
+        raise CheckpointUnreadable(CheckpointUnreadable.UNDECRYPTABLE, str(exc)) from None
+    except ImproperlyConfigured as exc:  # no keys at all in this process
+        raise CheckpointUnreadable(CheckpointUnreadable.UNDECRYPTABLE, str(exc)) from None
+    return opened
 
 
 def migrate(document: dict[str, Any], version: int) -> dict[str, Any]:

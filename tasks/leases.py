@@ -93,12 +93,9 @@ def _take(task_ids: list[UUID], worker_id: str, now: datetime, ttl: timedelta) -
     taken = [lease for lease in previous.values() if lease.expires_at <= now or lease.holder_key in gone]
     if not taken:
         return held
-    by_token: dict[int, list[UUID]] = {}
-    for lease in taken:
-        by_token.setdefault(lease.token, []).append(lease.task_id)
-    for token, ids in by_token.items():
-        # The rows are locked (FOR UPDATE above; SQLite: one writer at a time); the token is checked anyway.
-        Lease.objects.filter(task_id__in=ids, token=token).update(token=F("token") + 1, **mine)
+    # One UPDATE for them all: the rows are locked (FOR UPDATE above; SQLite: one writer at a time), so
+    # each token is still the one read, and each moves on by exactly one.
+    Lease.objects.filter(task_id__in=[lease.task_id for lease in taken]).update(token=F("token") + 1, **mine)
     held += [Held(lease.task_id, worker_id, lease.token + 1) for lease in taken]
     # release() ends a lease with heartbeat_at == expires_at; a lapsed one was still due a heartbeat.
     LeaseTakeover.objects.bulk_create(

@@ -12,12 +12,16 @@ the accepted facts is not entered twice.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, StringConstraints
+
+from tasks import sealing
 
 ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 Facts = Mapping[str, Any]
@@ -111,9 +115,52 @@ class Dispatch(Step):
     on_rejected: str = ""
     compensates: str = ""
     approval: str = ""  # the RequestApproval step whose approval this effect needs
+    # Keys of the effect that carry sensitive facts: sealed in the ledger row (``tasks.sealing``),
+    # opened only to send it. The task type checks at registration that none is forgotten.
+    sensitive: frozenset[str] = frozenset()
+    # Money policy: with thresholds (fact -> limit), the effect needs ``approval`` only when a
+    # fact is above its limit; without, always. See ``above_threshold``.
+    approval_above: Mapping[str, Decimal] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.approval_above and not self.approval:
+            raise ValueError(f"{self.name}: approval_above needs the approval step that asks")
 
     def targets(self) -> set[str]:
         return {self.next, self.on_rejected, self.compensates, self.approval}
+
+    def above_threshold(self, facts: Facts) -> list[str]:
+        """Why these facts need an approval under ``approval_above``, one line per fact over its limit.
+
+        Fails closed: a fact that is missing or not a finite number counts as above,
+        since "we could not tell how much" must not mean "no approval". A limit is in
+        the unit of the fact itself (an amount in the invoice's own currency): there is
+        no exchange rate to convert with, and a rate that moves would unbind an approval.
+        """
+        over = []
+        for name, limit in self.approval_above.items():
+            value = facts.get(name)
+            amount = _decimal(value)
+            if amount is None:
+                over.append(f"{name} {value!r} is not a number the threshold of {limit:,f} can be checked on")
+            elif amount > limit:
+                over.append(f"{name} {amount:,f} is above the approval threshold of {limit:,f}")
+        return over
+
+    def needs_approval(self, facts: Facts) -> bool:
+        """Must an approval of ``approval`` cover this effect before its intent is committed?"""
+        return bool(self.approval) and (not self.approval_above or bool(self.above_threshold(facts)))
+
+
+def _decimal(value: Any) -> Decimal | None:
+    """``value`` as a finite Decimal (facts hold amounts as text), or None when it is not one."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        amount = Decimal(str(value))
+    except InvalidOperation:
+        return None
+    return amount if amount.is_finite() else None
 
 
 @dataclass(frozen=True)
@@ -129,6 +176,13 @@ class Fail(Step):
 
 
 AnyStep = TypeVar("AnyStep", bound=Step)
+
+
+class _StandIn(dict[str, Any]):
+    """Facts for probing an effect builder: the given markers, "1" for any other name it reads."""
+
+    def __missing__(self, key: str) -> str:
+        return "1"
 
 
 # --- task types ------------------------------------------------------------------------------------
@@ -161,6 +215,12 @@ class TaskType:
     initial_facts: Callable[[Mapping[str, Any]], dict[str, Any]] = lambda accepted: {
         key: value for key, value in accepted.items() if isinstance(value, str | int | float | bool | None)
     }
+    # Facts and input fields holding personal or payment data (a card, an e-mail, a free-text answer):
+    # sealed in every checkpoint, masked on every page and API answer until someone entitled reveals
+    # one, and masked before a model sees the facts — except those named in ``model_sees``.
+    # The one declaration of what is sensitive (``tasks.sealing``); each Dispatch names its effect keys.
+    sensitive: frozenset[str] = frozenset()
+    model_sees: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         names = [step.name for step in self.steps]
@@ -170,6 +230,47 @@ class TaskType:
         unknown = targets - set(names)
         if unknown:
             raise ValueError(f"{self.name}: steps lead to unknown steps {sorted(unknown)}")
+        if not self.model_sees <= self.sensitive:
+            raise ValueError(f"{self.name}: model_sees names facts not marked sensitive")
+        leaks = self._unsealed_effect_keys()
+        if leaks:
+            raise ValueError(
+                f"{self.name}: effect keys {leaks} carry sensitive facts: mark them in their Dispatch's "
+                "sensitive"
+            )
+
+    def _unsealed_effect_keys(self) -> list[str]:
+        """Effect keys a Dispatch fills from a sensitive fact without marking them sensitive.
+
+        Each builder runs once on stand-in facts (a marker per sensitive fact, "1" for any other);
+        a builder that cannot run on stand-ins is not checked, and its declaration stands.
+        """
+        if not self.sensitive:
+            return []
+        markers = {name: f"@@sensitive:{name}@@" for name in self.sensitive}
+        leaks = []
+        for step in self.steps:
+            if not isinstance(step, Dispatch):
+                continue
+            try:
+                effect = step.effect(_StandIn(markers))
+            except Exception:  # a builder doing arithmetic on real facts: see above
+                continue
+            for key, value in effect.items():
+                text = value if isinstance(value, str) else json.dumps(value, default=str)
+                if key not in step.sensitive and any(marker in text for marker in markers.values()):
+                    leaks.append(f"{step.name}.{key}")
+        return leaks
+
+    @property
+    def outcome_fields(self) -> frozenset[str]:
+        """Facts a completed task reports in its outcome (the ``Complete`` steps' names)."""
+        return frozenset().union(*(step.outcome for step in self.steps if isinstance(step, Complete)))
+
+    def uses_prompt(self, prompt_id: str) -> bool:
+        return prompt_id == self.prompt_id or any(
+            isinstance(step, ModelTurn) and step.prompt_id == prompt_id for step in self.steps
+        )
 
     @property
     def first_step(self) -> str:
@@ -209,6 +310,34 @@ def get(name: str) -> TaskType:
 
 def names() -> list[str]:
     return sorted(_REGISTRY)
+
+
+def sensitive_fields(task_type: str) -> frozenset[str]:
+    """The facts and input fields ``task_type`` marks sensitive (none for a type this code lacks)."""
+    kind = _REGISTRY.get(task_type)
+    return kind.sensitive if kind is not None else frozenset()
+
+
+def sensitive_effect_keys(task_type: str, step: str) -> frozenset[str]:
+    """The effect keys the Dispatch ``step`` of ``task_type`` marks sensitive."""
+    kind = _REGISTRY.get(task_type)
+    found = kind.step(step) if kind is not None else None
+    return found.sensitive if isinstance(found, Dispatch) else frozenset()
+
+
+def facts_for_model(prompt_id: str, facts: Facts) -> dict[str, Any]:
+    """``facts`` as a model answering ``prompt_id`` may see them: each sensitive fact masked, unless the
+    task type using the prompt declares the model needs it (``model_sees``). A prompt no registered
+    type uses gets every name any type marks sensitive masked."""
+    users = [kind for kind in _REGISTRY.values() if kind.uses_prompt(prompt_id)]
+    if users:
+        hidden = frozenset().union(*(kind.sensitive - kind.model_sees for kind in users))
+    else:
+        hidden = frozenset().union(*(kind.sensitive for kind in _REGISTRY.values()))
+    return {
+        name: sealing.MODEL_MASK if name in hidden and value not in (None, "") else value
+        for name, value in facts.items()
+    }
 
 
 def scripts() -> dict[str, Callable[[Facts], str]]:

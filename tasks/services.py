@@ -3,6 +3,7 @@ operator controls. Nothing here assigns ``state`` directly."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,7 +19,7 @@ from audit import canonical
 from audit.models import TransitionEvent
 from tasks import checkpoints, doorbell, hotpath, registry
 from tasks.checkpoints import Scalar
-from tasks.exceptions import StaleVersion, TransitionNotAllowed
+from tasks.exceptions import StaleVersion, TransitionError, TransitionNotAllowed
 from tasks.leases import Held
 from tasks.models import Checkpoint, ExternalEvent, Policy, RuntimeConfig, Task, TaskInput
 from tasks.states import RUNNABLE, TERMINAL, State, Trigger
@@ -329,14 +330,53 @@ def task_provide_input(task: Task, *, expected_version: int, answer: Scalar, act
     return Delivery(task, applied=True)
 
 
+class EventRefused(TransitionError):
+    """An external event the task does not take; nothing was stored. ``code`` says why."""
+
+    def __init__(self, message: str, *, code: str, state: str, state_version: int):
+        super().__init__(message, state=state, state_version=state_version)
+        self.code = code
+
+
+def _may_take_event(task_id: UUID, state: str, state_version: int, *, key: str) -> None:
+    """Refuse event ``key`` for an ended task, or past ``EXTERNAL_EVENTS_MAX_PER_TASK`` other events.
+
+    Without a bound, anyone allowed to feed a task could grow its table without
+    end (events are kept for as long as the task). Counted up to the limit only;
+    ``key`` itself is not counted (the check also runs after its row was written).
+    """
+    if state in TERMINAL:
+        raise EventRefused(
+            f"The task has already ended ({state}): it takes no new external events.",
+            code="task_ended",
+            state=state,
+            state_version=state_version,
+        )
+    limit = settings.EXTERNAL_EVENTS_MAX_PER_TASK
+    others = ExternalEvent.objects.filter(task_id=task_id).exclude(event_key=key).order_by()
+    if others[:limit].count() >= limit:
+        raise EventRefused(
+            f"The task already holds {limit} external events, the most one task takes"
+            " (EXTERNAL_EVENTS_MAX_PER_TASK); repeats of those keys are still acknowledged.",
+            code="too_many_events",
+            state=state,
+            state_version=state_version,
+        )
+
+
 def task_deliver_event(
     task: Task, *, event_key: str, event_type: str, payload: dict[str, Any], actor: Actor
 ) -> Delivery:
     """Record an external event once per ``event_key``; end the wait it answers.
 
-    A duplicate key is acknowledged and applied nothing (``applied=False``).
-    An event the task is not (yet) waiting for is kept, and applied when the
-    task reaches the step that waits for it.
+    A duplicate key is acknowledged and applied nothing (``applied=False``),
+    even once the task ended. An event the task is not (yet) waiting for is
+    kept, and applied when the task reaches the step that waits for it.
+
+    Refuses a new key (``EventRefused``, nothing stored): ``task_ended`` when
+    the task is terminal, ``too_many_events`` when it already holds
+    ``EXTERNAL_EVENTS_MAX_PER_TASK`` events. Both are checked again under the
+    task's row lock, so concurrent deliveries cannot slip past either.
     """
 
     def again() -> Delivery:
@@ -350,6 +390,7 @@ def task_deliver_event(
 
     if ExternalEvent.objects.filter(task=task, event_key=event_key).exists():
         return Delivery(task, applied=False, note="duplicate event_key: already received")
+    _may_take_event(task.id, task.state, task.state_version, key=event_key)
     now = timezone.now()
     event = ExternalEvent(
         task=task, event_key=event_key, event_type=event_type, payload=payload, received_at=now
@@ -369,6 +410,10 @@ def task_deliver_event(
             )
             moved = current.get() != task.state_version
             if not moved:
+                if ExternalEvent.objects.filter(task=task, event_key=event_key).exists():
+                    return Delivery(task, applied=False, note="duplicate event_key: already received")
+                # Counted again under the lock: concurrent deliveries of new keys queue here one by one.
+                _may_take_event(task.id, task.state, task.state_version, key=event_key)
                 try:
                     with transaction.atomic():
                         event.save(force_insert=True)
@@ -376,8 +421,6 @@ def task_deliver_event(
                     return Delivery(task, applied=False, note="duplicate event_key: already received")
         if moved:
             return again()
-        if task.state in TERMINAL:
-            return Delivery(task, applied=True, note=f"recorded; the task has already ended ({task.state})")
         return Delivery(task, applied=True, note="stored until the task waits for it")
     event.applied_version = task.state_version + 1
     progress = point.progress.model_copy(
@@ -397,6 +440,7 @@ def task_deliver_event(
             reason=f"{event_type} {event_key}"[:200],
             progress=progress,
             records=[event],
+            also=[functools.partial(_may_take_event, task.id, task.state, task.state_version, key=event_key)],
         )
     except IntegrityError:
         return Delivery(

@@ -135,14 +135,8 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     # Found absent: sent again with the same key, but only after a backoff.
     + _edges([S.OUTCOME_UNKNOWN], S.WAITING_RETRY, T.RESEND_BACKOFF, A.WORKER, A.SYSTEM, A.OPERATOR, A.ADMIN)
     # Cancellation is a request; a worker confirms it after reconciling in-flight effects.
-    + _edges(
-        NON_TERMINAL - {S.CANCEL_REQUESTED},
-        S.CANCEL_REQUESTED,
-        T.CANCEL,
-        A.OPERATOR,
-        A.ADMIN,
-        A.INTEGRATOR,
-    )
+    # An operator control: integrating systems start and feed tasks, they do not stop them.
+    + _edges(NON_TERMINAL - {S.CANCEL_REQUESTED}, S.CANCEL_REQUESTED, T.CANCEL, A.OPERATOR, A.ADMIN)
     + _edges([S.CANCEL_REQUESTED], S.CANCELED, T.CANCEL_CONFIRMED, A.WORKER, A.SYSTEM)
     # Quarantine holds a task nothing can safely resume; release sends it back
     # through validation (after its checkpoint was migrated or repaired).
@@ -190,6 +184,7 @@ ROLE_KINDS: dict[str, frozenset[ActorKind]] = {
     "approver": frozenset({A.APPROVER}),
     "auditor": frozenset(),
     "admin": frozenset({A.ADMIN, A.OPERATOR, A.INTEGRATOR}),
+    "integrator": frozenset({A.INTEGRATOR}),
 }
 
 

@@ -21,10 +21,12 @@ from django.utils import timezone
 from opentelemetry import trace
 
 from audit import canonical
-from audit.chain import GENESIS, event_hash
+from audit.chain import GENESIS
+from audit.keys import chain_link
 from audit.models import TransitionEvent
+from audit.redaction import redact
 from ledger.models import Action
-from tasks import checkpoints, hotpath
+from tasks import checkpoints, hotpath, registry, sealing
 from tasks.exceptions import LeaseLost, StaleVersion, TaskNotFound, TransitionNotAllowed
 from tasks.leases import Held
 from tasks.models import Checkpoint, Task
@@ -131,7 +133,7 @@ def _checkpoint_for(
         wait_deadline=task.wait_deadline,
         deadline=task.deadline,
     )
-    body = checkpoints.encode(document)
+    body = checkpoints.encode(document, sealed=registry.sensitive_fields(task.task_type))
     # Refused here rather than on the next load: never commit a checkpoint no worker will read.
     # (The body is ASCII, canonical.V1_ASCII escapes the rest: characters are bytes.)
     limit = checkpoints.max_bytes()
@@ -168,7 +170,9 @@ def _event_for(
         "trigger": trigger,
         "actor_kind": actor.kind,
         "actor_id": actor.id,
-        "reason": reason,
+        # The one place a reason enters the append-only log: whatever an exception said, no
+        # credential, token or sensitive value is kept there for good.
+        "reason": redact(reason),
         "reason_code": reason_code,
         "attempt": task.attempt,
         "policy_version": task.policy_version,
@@ -179,17 +183,23 @@ def _event_for(
         "created_at": task.updated_at,
     }
     prev_hash = task.audit_head or GENESIS
-    return TransitionEvent(**fields, prev_hash=prev_hash, hash=event_hash(prev_hash, fields))
+    key_id, link = chain_link(prev_hash, fields)  # keyed with AUDIT_HMAC_KEYS' current key (audit.keys)
+    return TransitionEvent(**fields, prev_hash=prev_hash, hash=link, key_id=key_id)
 
 
 def _ledger_rows(task: Task, intents: Iterable[ActionIntent], now: datetime) -> list[Action]:
+    # The digest and key are of the effect as sent; the row keeps its sensitive keys sealed.
     return [
         Action(
             task=task,
             step=intent.step,
             idempotency_key=intent.idempotency_key(task.id),
             connector=intent.connector,
-            effect=dict(intent.effect),
+            effect=sealing.seal_fields(
+                intent.effect,
+                registry.sensitive_effect_keys(task.task_type, intent.step),
+                (*sealing.action_place(intent.idempotency_key(task.id)), "effect"),
+            ),
             effect_digest=intent.digest,
             compensation_of_id=intent.compensates,
             created_at=now,

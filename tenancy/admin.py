@@ -1,12 +1,20 @@
+"""Admin for tenants, roles, API tokens and the access log.
+
+Roles change through ``tenancy.services`` only (so each change is recorded and the
+guardian group follows); tokens are never shown, only their prefix, name, scopes
+and dates, and the one thing to do with one here is revoke it.
+"""
+
 from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from tenancy.models import Membership, Tenant
-from tenancy.services import grant_role, revoke_role
+from tenancy.models import AccessEvent, ApiToken, Membership, Tenant
+from tenancy.services import change_role, grant_role, revoke_role, token_revoke
 
 
 @admin.register(Tenant)
@@ -20,7 +28,69 @@ class MembershipAdmin(admin.ModelAdmin):
     list_filter = ("tenant", "role")
 
     def save_model(self, request: HttpRequest, obj: Membership, form: Any, change: bool) -> None:
-        grant_role(obj.user, obj.tenant, obj.role)  # also joins the role's group
+        if change:
+            # Editing a membership replaces it: the old role goes (row and group), the new one comes.
+            old = Membership.objects.select_related("user", "tenant").get(pk=obj.pk)
+            saved = change_role(old, user=obj.user, tenant=obj.tenant, role=obj.role, request=request)
+        else:
+            saved = grant_role(obj.user, obj.tenant, obj.role, request=request)  # also joins the role's group
+        obj.pk = saved.pk  # the admin's next page links to what is stored now
 
     def delete_model(self, request: HttpRequest, obj: Membership) -> None:
-        revoke_role(obj.user, obj.tenant, obj.role)
+        revoke_role(obj.user, obj.tenant, obj.role, request=request)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Membership]) -> None:
+        # The bulk "delete selected" action too: each role goes with its group, and is recorded.
+        for membership in queryset.select_related("user", "tenant"):
+            revoke_role(membership.user, membership.tenant, membership.role, request=request)
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Tokens are created with ``manage.py drf_create_token``; here they are listed and revoked."""
+
+    list_display = (
+        "prefix",
+        "name",
+        "user",
+        "scopes",
+        "created_at",
+        "expires_at",
+        "revoked_at",
+        "last_used_at",
+    )
+    list_filter = ("scopes",)
+    search_fields = ("prefix", "name", "user__username")
+    fields = ("prefix", "name", "user", "scopes", "created_at", "expires_at", "revoked_at", "last_used_at")
+    readonly_fields = fields  # never the digest, and nothing editable
+    actions = ("revoke",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # revoked, not deleted: the record of who held what stays
+
+    @admin.action(description="Revoke selected tokens", permissions=["change"])
+    def revoke(self, request: HttpRequest, queryset: QuerySet[ApiToken]) -> None:
+        revoked = sum(token_revoke(token, request=request) for token in queryset)
+        self.message_user(request, f"Revoked {revoked} token(s).", messages.SUCCESS)
+
+
+@admin.register(AccessEvent)
+class AccessEventAdmin(admin.ModelAdmin):
+    """The access log, read-only (append-only like the audit log)."""
+
+    list_display = ("at", "kind", "username", "tenant", "ip", "path", "detail")
+    list_filter = ("kind", "tenant")
+    search_fields = ("username", "detail", "ip")
+    date_hierarchy = "at"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

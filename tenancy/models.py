@@ -15,6 +15,9 @@ class Role(models.TextChoices):
     APPROVER = "approver"
     AUDITOR = "auditor"
     ADMIN = "admin"
+    # A system, not a person: starts tasks, answers them and delivers their external events,
+    # reads its tenant's tasks; no operator controls, no approvals.
+    INTEGRATOR = "integrator"
 
 
 class Tenant(models.Model):
@@ -83,8 +86,9 @@ class AccessEvent(models.Model):
 
     kind = models.CharField(max_length=32, choices=Kind.choices)
     at = models.DateTimeField(auto_now_add=True, db_index=True)
-    # The account acting (None for an anonymous caller); ``username`` keeps the name that was typed
-    # or held even when no account matches, or the account is later deleted.
+    # The account acting (None for an anonymous caller; for a token event, the token's owner, whose
+    # authority changed); ``username`` keeps the name that was typed or held even when no account
+    # matches, or the account is later deleted.
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -101,3 +105,45 @@ class AccessEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.kind} {self.username}"
+
+
+class Scope(models.TextChoices):
+    """What an API token may be used for. A token does what its scopes *and* its user's roles allow."""
+
+    READ = "read"  # safe methods: lists, details, histories
+    OPERATE = "operate"  # operator controls and reruns
+    APPROVE = "approve"  # deciding approval requests
+    INTEGRATE = "integrate"  # starting tasks, answering them, delivering external events
+
+
+class ApiToken(models.Model):
+    """An API credential of one user. Only the key's SHA-256 is stored: the key is shown once.
+
+    A token is usable while it is neither revoked nor past ``expires_at``. ``prefix`` is the
+    key's first characters, kept in clear so people can tell tokens apart and revoke one.
+    """
+
+    PREFIX_LENGTH = 8
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, blank=True, default="")
+    prefix = models.CharField(max_length=PREFIX_LENGTH, unique=True)
+    # Hex SHA-256 of the whole key; authentication looks the token up by it (unique index).
+    key_digest = models.CharField(max_length=64, unique=True)
+    # Space-separated subset of Scope; ``scope_set`` reads it.
+    scopes = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    # Written at most once a minute per token (see tenancy.services.token_authenticate).
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=~models.Q(scopes=""), name="apitoken_has_scope")]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… {self.name or 'token'} of {self.user}"
+
+    @property
+    def scope_set(self) -> frozenset[str]:
+        return frozenset(self.scopes.split())

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
-from tenancy.models import Membership, Role, SavedView, Tenant
+from tenancy.models import AccessEvent, Membership, Role, SavedView, Tenant
+
+# Who reads the access log of a tenant: its auditors (the separation of duties) and its admins.
+ACCESS_LOG_ROLES = (Role.AUDITOR, Role.ADMIN)
 
 
 def roles_by_tenant(user: AbstractBaseUser | AnonymousUser) -> dict[int, frozenset[str]]:
@@ -48,3 +52,48 @@ def saved_views_for(user: AbstractBaseUser | AnonymousUser) -> QuerySet[SavedVie
     if user.pk is None:  # anonymous
         return SavedView.objects.none()
     return SavedView.objects.filter(user_id=user.pk).order_by("name", "id")
+
+
+# --- the access log --------------------------------------------------------------------------------
+
+
+def visible_access_events(user: AbstractBaseUser | AnonymousUser) -> QuerySet[AccessEvent]:
+    """Access events an auditor or admin may read: those of the tenants where they hold that role,
+    and those concerning no tenant (logins, failures, refusals, tokens) of the members of those tenants.
+
+    Empty for anyone else; the caller decides whether that is a 403 (see ``ACCESS_LOG_ROLES``).
+    """
+    tenant_ids = tenant_ids_for(user, ACCESS_LOG_ROLES)
+    if not tenant_ids:
+        return AccessEvent.objects.none()
+    members = Membership.objects.filter(tenant_id__in=tenant_ids).values("user_id")
+    return AccessEvent.objects.filter(
+        Q(tenant_id__in=tenant_ids) | Q(tenant__isnull=True, user_id__in=members)
+    )
+
+
+def filter_access_events(
+    events: QuerySet[AccessEvent], *, kind: str = "", username: str = ""
+) -> QuerySet[AccessEvent]:
+    """``events`` of one kind and/or by one account (the name as recorded), when given."""
+    if kind:
+        events = events.filter(kind=kind)
+    if username:
+        events = events.filter(username=username)
+    return events
+
+
+@dataclass(frozen=True)
+class AccessEventPage:
+    events: list[AccessEvent]
+    next_before: int | None  # the ``before`` of the next (older) page; None: this is the last
+
+
+def access_events_page(events: QuerySet[AccessEvent], *, before: int | None, limit: int) -> AccessEventPage:
+    """One page of ``events``, newest first, strictly older than the event ``before`` (keyset on id:
+    ids grow with time, so a page costs the same at any depth)."""
+    if before is not None:
+        events = events.filter(id__lt=before)
+    rows = list(events.select_related("tenant").order_by("-id")[: limit + 1])
+    more = len(rows) > limit
+    return AccessEventPage(rows[:limit], rows[limit - 1].id if more else None)

@@ -1,7 +1,7 @@
 """The fixed cast and small builders every suite shares.
 
-Cast: in tenant ``acme`` an operator, an approver, an auditor and an admin;
-``outsider`` is the operator of tenant ``globex``.
+Cast: in tenant ``acme`` an operator, an approver, an auditor, an admin and an
+integrator (a system's account); ``outsider`` is the operator of tenant ``globex``.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import os
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from config.celery import app as celery_app
@@ -48,6 +49,12 @@ def fast_password_hashing(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def fresh_cache():
+    """API throttle counters live in the cache: no test inherits another's."""
+    cache.clear()
+
+
 @pytest.fixture
 def acme(db):
     return Tenant.objects.create(slug="acme", name="Acme")
@@ -83,6 +90,11 @@ def auditor(acme):
 @pytest.fixture
 def admin_user(acme):
     return make_user("acme-admin", acme, Role.ADMIN)
+
+
+@pytest.fixture
+def integrator(acme):
+    return make_user("acme-integrator", acme, Role.INTEGRATOR)
 
 
 @pytest.fixture

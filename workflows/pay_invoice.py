@@ -1,4 +1,9 @@
-"""pay_invoice: pay one invoice — the smallest task with a side effect."""
+"""pay_invoice: pay one invoice — the smallest task with a side effect.
+
+Money policy: a payment above ``APPROVAL_ABOVE`` waits for an approver before
+its intent is committed; at or below it, it is paid directly. The limit is in
+the invoice's own currency (see ``tasks.registry.Dispatch.above_threshold``).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,10 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from tasks.registry import Complete, Dispatch, ShortText, TaskType, register
+from tasks.registry import Complete, Dispatch, Fail, RequestApproval, ShortText, TaskType, register
+
+# Above this amount one operator (or integrator) token cannot move money alone.
+APPROVAL_ABOVE = Decimal("1000")
 
 
 class PayInvoiceInput(BaseModel):
@@ -30,6 +38,8 @@ register(
                 next="done",
                 connector="payments",
                 output="payment_ref",
+                approval="approve",
+                approval_above={"amount": APPROVAL_ABOVE},
                 effect=lambda f: {
                     "kind": "charge",
                     "invoice": f["invoice_id"],
@@ -38,6 +48,15 @@ register(
                 },
             ),
             Complete("done", outcome=("invoice_id", "amount", "payment_ref")),
+            # Reached only from "pay", when the amount is above the threshold.
+            RequestApproval(
+                "approve",
+                next="pay",
+                action_step="pay",
+                on_rejected="approval_rejected",
+                reason=f"Payments above {APPROVAL_ABOVE:,f} need an approver's consent (money threshold).",
+            ),
+            Fail("approval_rejected", reason="payment_rejected_by_approver"),
         ),
     )
 )

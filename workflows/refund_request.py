@@ -53,6 +53,9 @@ register(
         replan_step="gather_evidence",
         scripts={"refund-triage@1": triage},
         material_facts={"order_total": "invalidate", "order_status": "refresh", "triage": "immaterial"},
+        # The card the refund goes to, the customer's address and what they wrote: sealed at rest,
+        # masked in the console and the API, never shown to the model (triage needs none of them).
+        sensitive=frozenset({"refund_card", "customer_email", "reason", "damaged_item"}),
         steps=(
             ReadEvidence(
                 "gather_evidence",
@@ -94,6 +97,7 @@ register(
                 next="pay_refund",
                 connector="tickets",
                 output="ticket_ref",
+                sensitive=frozenset({"customer"}),
                 effect=lambda f: {
                     "kind": "ticket.open",
                     "subject": f"Refund for order {f['order_id']}",
@@ -107,6 +111,7 @@ register(
                 output="payment_ref",
                 on_rejected="close_ticket",
                 approval="approve",
+                sensitive=frozenset({"card"}),
                 effect=lambda f: {
                     "kind": "refund",
                     "order_id": f["order_id"],
@@ -120,6 +125,7 @@ register(
                 next="done",
                 connector="email",
                 output="email_ref",
+                sensitive=frozenset({"to"}),
                 effect=lambda f: {
                     "kind": "email",
                     "to": f["customer_email"],

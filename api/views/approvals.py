@@ -17,6 +17,7 @@ from api.serializers import ApprovalOut
 from approvals import selectors, services
 from approvals.models import ApprovalStatus, Decision
 from tasks import values
+from tenancy.models import Scope
 
 
 def refused(exc: services.ApprovalRefused) -> Response:
@@ -72,6 +73,8 @@ class ApprovalDecideApi(APIView):
     or the task no longer waits. 410: expired. 403: no authority or
     self-approval. 404: not in your tenants.
     """
+
+    token_scopes = {"POST": Scope.APPROVE}
 
     class DecideInput(serializers.Serializer):
         decision = serializers.ChoiceField(choices=Decision.choices)

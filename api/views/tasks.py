@@ -30,11 +30,12 @@ from tasks import registry, selectors, services
 from tasks.models import Checkpoint, Task
 from tasks.states import ActorKind, State
 from tasks.transitions import Actor
-from tenancy.models import Role, Tenant
+from tenancy.models import Role, Scope, Tenant
 from tenancy.selectors import tenant_ids_for, tenants_for
 
 MAX_VERSION = 2**31 - 1
-CREATE_ROLES = (Role.OPERATOR, Role.ADMIN)
+# Who starts tasks and feeds them input and events: people who operate, and integrating systems.
+FEED_ROLES = (Role.OPERATOR, Role.ADMIN, Role.INTEGRATOR)
 
 CONFLICT = OpenApiResponse(
     inline_serializer(
@@ -54,6 +55,8 @@ CONFLICT = OpenApiResponse(
 
 
 class TaskCollectionApi(APIView):
+    token_scopes = {"POST": Scope.INTEGRATE}
+
     class CreateInput(serializers.Serializer):
         task_type = serializers.ChoiceField(choices=[])
         objective = serializers.CharField(max_length=5000)
@@ -110,7 +113,7 @@ class TaskCollectionApi(APIView):
             200: OpenApiResponse(TaskDetail, description="Same idempotency key: the task started before"),
             201: TaskDetail,
             400: OpenApiResponse(description="Field errors"),
-            403: OpenApiResponse(description="No operator or admin role in the tenant"),
+            403: OpenApiResponse(description="No operator, admin or integrator role in the tenant"),
             409: OpenApiResponse(description="Idempotency key reused with a different request"),
         },
     )
@@ -142,7 +145,7 @@ class TaskCollectionApi(APIView):
 
     @staticmethod
     def _tenant_for_create(request: Request, slug: str | None) -> Tenant:
-        allowed = tenants_for(request.user, CREATE_ROLES)
+        allowed = tenants_for(request.user, FEED_ROLES)
         if slug:
             if not tenant_ids_for(request.user):
                 raise PermissionDenied("You belong to no tenant.")
@@ -151,11 +154,11 @@ class TaskCollectionApi(APIView):
                 # A tenant you are not in does not exist, as far as you can tell.
                 if not tenants_for(request.user).filter(slug=slug).exists():
                     raise ValidationError({"tenant": ["Unknown tenant."]})
-                raise PermissionDenied("Starting tasks needs the operator or admin role in that tenant.")
+                raise PermissionDenied("Starting tasks needs the operator, admin or integrator role there.")
             return tenant
         choices = list(allowed[:2])
         if not choices:
-            raise PermissionDenied("Starting tasks needs the operator or admin role in a tenant.")
+            raise PermissionDenied("Starting tasks needs the operator, admin or integrator role in a tenant.")
         if len(choices) > 1:
             raise ValidationError({"tenant": ["You may start tasks in several tenants: name one."]})
         return choices[0]
@@ -185,7 +188,7 @@ class _TaskHistoryApi(APIView):
         task = selectors.get_visible_task(request.user, task_id)
         pages = self.pages()
         page = pages.paginate_queryset(self.rows(task), request, view=self)
-        return pages.get_paginated_response(self.output(page, many=True).data)
+        return pages.get_paginated_response(self.output(page, many=True, context={"task": task}).data)
 
 
 @extend_schema_view(
@@ -247,6 +250,7 @@ class TaskControlApi(APIView):
     # one of ``runtime.controls.CONTROLS``. (The docstring above is the schema's description.)
     control: str = ""
     schema = _ControlSchema()
+    token_scopes = {"POST": Scope.OPERATE}
 
     class ControlInput(serializers.Serializer):
         expected_version = serializers.IntegerField(min_value=1, max_value=MAX_VERSION)
@@ -295,6 +299,8 @@ class TaskControlApi(APIView):
 
 class TaskRerunApi(APIView):
     """POST /api/tasks/{id}/rerun/ — start a new task that reruns a failed, expired or canceled one."""
+
+    token_scopes = {"POST": Scope.OPERATE}
 
     class RerunInput(serializers.Serializer):
         reason = serializers.CharField(max_length=2000)
@@ -347,7 +353,7 @@ class TaskRerunApi(APIView):
 FEED_RESPONSES = {
     200: DeliveryOut,
     400: OpenApiResponse(description="Field errors"),
-    403: OpenApiResponse(description="Needs the operator or admin role in the task's tenant"),
+    403: OpenApiResponse(description="Needs the operator, admin or integrator role in the task's tenant"),
     404: OpenApiResponse(),
     409: CONFLICT,
 }
@@ -364,14 +370,16 @@ def _delivery_response(request: Request, delivery: services.Delivery) -> Respons
 
 
 def _integrator(request: Request, task: Task) -> Actor:
-    """Feeding a task input and events needs the operator or admin role in its tenant."""
-    if not selectors.roles_in(request.user, task) & {Role.OPERATOR, Role.ADMIN}:
-        raise PermissionDenied("Feeding a task needs the operator or admin role in its tenant.")
+    """Feeding a task input and events needs the operator, admin or integrator role in its tenant."""
+    if not selectors.roles_in(request.user, task) & set(FEED_ROLES):
+        raise PermissionDenied("Feeding a task needs the operator, admin or integrator role in its tenant.")
     return Actor.user(request.user, ActorKind.INTEGRATOR)
 
 
 class TaskInputApi(APIView):
     """POST /api/tasks/{id}/input/ — answer a task waiting for input."""
+
+    token_scopes = {"POST": Scope.INTEGRATE}
 
     class AnswerInput(serializers.Serializer):
         expected_version = serializers.IntegerField(min_value=1, max_value=MAX_VERSION)
@@ -412,7 +420,15 @@ class TaskInputApi(APIView):
 
 
 class TaskExternalEventApi(APIView):
-    """POST /api/tasks/{id}/external-events/ — deliver an event; ``event_key`` dedupes."""
+    """POST /api/tasks/{id}/external-events/ — deliver an event; ``event_key`` dedupes.
+
+    A repeated ``event_key`` answers 200 ``applied: false`` (also once the task
+    ended). A new key is a 409 with the task's state when the task has ended
+    (``task_ended``) or already holds ``EXTERNAL_EVENTS_MAX_PER_TASK`` events
+    (``too_many_events``): retrying it will not help, so not a 429.
+    """
+
+    token_scopes = {"POST": Scope.INTEGRATE}
 
     class EventInput(serializers.Serializer):
         event_key = serializers.CharField(max_length=200)

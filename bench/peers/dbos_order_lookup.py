@@ -59,6 +59,8 @@ def http() -> httpx.Client:
                 size = max(int(SETTINGS["concurrency"]), 1)
                 _client = httpx.Client(
                     timeout=HTTP_TIMEOUT,
+                    # The sandbox answers only its token's bearers; the bench passes it in the environment.
+                    headers={"Authorization": f"Bearer {os.environ.get('SANDBOX_TOKEN', '')}"},
                     limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
                 )
     return _client

@@ -178,7 +178,8 @@ def verify(conn: psycopg.Connection, db_url: str, args: argparse.Namespace) -> i
         raise AssertionError(f"workflow ids differ: missing {sorted(expected_ids - seen)[:5]}, "
                              f"extra {sorted(seen - expected_ids)[:5]}")  # fmt: skip
     failed = 0
-    with httpx.Client(timeout=10) as http:
+    sandbox_auth = {"Authorization": f"Bearer {os.environ.get('SANDBOX_TOKEN', '')}"}  # the bench's sandbox
+    with httpx.Client(timeout=10, headers=sandbox_auth) as http:
         for workflow in workflows:
             order_id = workflow.workflow_id
             record = http.get(f"{args.sandbox_url.rstrip('/')}/orders/records/{order_id}")

@@ -17,6 +17,7 @@ SECTIONS = {
     "approval": "approvals",
     "approval-decide": "approvals",
     "quarantine": "quarantine",
+    "access": "access",
 }
 
 

@@ -9,33 +9,148 @@
 - ``POST /sandbox/faults/``: queue a fault (see ``Fault``; ``params.key`` limits it to one
   key or record, ``params.standing`` keeps it until cleared);
   ``DELETE /sandbox/faults/`` clears them.
-A fault can also be asked per call with the ``X-Sandbox-Fault`` header.
+A fault can also be asked per call with the ``X-Sandbox-Fault`` header (``kind`` or ``latency=<ms>``).
+
+Served only when ``SANDBOX_ENABLED`` (config/urls.py), and then only to callers
+that send ``Authorization: Bearer <SANDBOX_TOKEN>``: it performs "payments" and
+lets anyone who reaches it plant faults, so reaching it is not enough (401).
+One exception, for the evidence links on approval pages: a person signed in to
+the console may read a record (``GET .../records/<id>``), nothing else.
+Every control is checked before it is used: a fault that names an unknown
+kind or parameter, or a latency that is not a whole number of milliseconds up
+to ``MAX_LATENCY_MS``, is a 400 saying which, never a 500 or an unbounded sleep.
 """
 
 from __future__ import annotations
 
+import functools
+import hmac
 import json
 import time
+from collections.abc import Callable
+from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_http_methods
 
 from demo.sandbox.models import Effect, Fault, Record
+from tasks import values
 
 SYSTEMS = ("payments", "tickets", "email", "orders")
 HANG_SECONDS = 30  # longer than any connector timeout
+MAX_HANG_SECONDS = 30  # the most a timeout fault may hold a request (a server thread) hostage
+DEFAULT_LATENCY_MS = 500
+MAX_LATENCY_MS = 30_000  # a latency fault above this would just be a stuck thread
 FAULT_KINDS = ("latency", "timeout", "ambiguous", "error", "reject")
+OPERATIONS = ("dispatch", "lookup", "read")
 
 
-def _body(request: HttpRequest) -> dict | None:
+class BadFault(ValueError):
+    """A fault control the sandbox will not apply; the message says which part and why."""
+
+
+def sandbox_view(*methods: str, people_may_read: bool = False) -> Callable:
+    """A sandbox endpoint: no CSRF (its callers are systems), the bearer token, then the methods.
+
+    ``people_may_read``: a GET from a signed-in console user needs no token (approvers open records).
+    """
+
+    def decorate(view: Callable[..., JsonResponse]) -> Callable[..., JsonResponse]:
+        @csrf_exempt
+        @functools.wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
+            reader = people_may_read and request.method == "GET" and request.user.is_authenticated
+            if not (reader or _authorized(request)):
+                response = JsonResponse(
+                    {"detail": "the sandbox needs Authorization: Bearer <SANDBOX_TOKEN>"}, status=401
+                )
+                response["WWW-Authenticate"] = 'Bearer realm="sandbox"'
+                return response
+            if request.method not in methods:
+                response = JsonResponse({"detail": f"{request.method} is not allowed here"}, status=405)
+                response["Allow"] = ", ".join(methods)
+                return response
+            return view(request, *args, **kwargs)
+
+        return wrapped
+
+    return decorate
+
+
+def _authorized(request: HttpRequest) -> bool:
+    expected = settings.SANDBOX_TOKEN
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    # An empty token never matches: a sandbox without one configured answers nobody.
+    return bool(expected) and scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), expected)
+
+
+def _body(request: HttpRequest) -> tuple[dict | None, str]:
+    """The JSON object sent, or None and why not (not JSON, not an object, not storable)."""
     try:
         value = json.loads(request.body or b"{}")
     except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+        return None, "the body is not JSON"
+    if not isinstance(value, dict):
+        return None, "the body is not a JSON object"
+    try:
+        values.check(value, "body")
+    except values.Unstorable as exc:
+        return None, f"{exc}, which the sandbox cannot store"
+    return value, ""
+
+
+def _latency_ms(value: Any) -> int:
+    """A latency in whole milliseconds, 0..MAX_LATENCY_MS (from a fault's params or its header)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_LATENCY_MS:
+        raise BadFault(f"latency ms must be a whole number of milliseconds from 0 to {MAX_LATENCY_MS}")
+    return value
+
+
+def clean_params(kind: str, params: Any) -> dict:
+    """A queued fault's ``params``, checked: ``ms`` (latency), ``seconds`` (timeout), ``key``,
+    ``standing`` (see ``Fault``)."""
+    if not isinstance(params, dict):
+        raise BadFault("params must be a JSON object")
+    unknown = sorted(set(params) - {"ms", "seconds", "key", "standing"})
+    if unknown:
+        raise BadFault(f"unknown params {unknown}: ms, seconds, key and standing are known")
+    cleaned = dict(params)
+    if "ms" in params:
+        if kind != "latency":
+            raise BadFault("params.ms applies to latency faults only")
+        cleaned["ms"] = _latency_ms(params["ms"])
+    if "seconds" in params:
+        seconds = params["seconds"]
+        if kind != "timeout":
+            raise BadFault("params.seconds applies to timeout faults only")
+        if (
+            not isinstance(seconds, int | float)
+            or isinstance(seconds, bool)
+            or not 0 <= seconds <= MAX_HANG_SECONDS
+        ):
+            raise BadFault(f"params.seconds must be a number from 0 to {MAX_HANG_SECONDS}")
+    if "key" in params and not (isinstance(params["key"], str) and 0 < len(params["key"]) <= 200):
+        raise BadFault("params.key must be a non-empty string of at most 200 characters")
+    if "standing" in params and not isinstance(params["standing"], bool):
+        raise BadFault("params.standing must be true or false")
+    return cleaned
+
+
+def _header_fault(header: str) -> tuple[str, dict]:
+    """``X-Sandbox-Fault: <kind>`` or ``latency=<ms>``, checked like a queued fault."""
+    kind, has_value, value = header.strip().partition("=")
+    if kind not in FAULT_KINDS:
+        raise BadFault(f"X-Sandbox-Fault names no fault kind (one of {', '.join(FAULT_KINDS)})")
+    if not has_value:
+        return kind, {}
+    if kind != "latency":
+        raise BadFault("X-Sandbox-Fault takes a value (=ms) for latency only")
+    return kind, {"ms": _latency_ms(value)}
 
 
 def _effect_json(effect: Effect) -> dict:
@@ -56,11 +171,11 @@ def _next_fault(request: HttpRequest, system: str, operation: str, key: str = ""
     A queued fault with ``params.key`` applies only to calls about that key (an
     idempotency key, or a record id for reads); one with ``params.standing`` is
     never used up (the demo's system that will not answer about one payment).
+    Raises ``BadFault`` for a header it cannot apply.
     """
     header = request.headers.get("X-Sandbox-Fault")
     if header:
-        kind, _, value = header.partition("=")
-        return kind, ({"ms": int(value)} if value.isascii() and value.isdigit() else {})
+        return _header_fault(header)
     with transaction.atomic():
         queued = (
             Fault.objects.select_for_update()
@@ -81,21 +196,34 @@ def _unknown_system(system: str) -> JsonResponse | None:
     return None
 
 
-@csrf_exempt
-@require_http_methods(["POST"])
+def _sleep_ms(params: dict) -> None:
+    # Queued faults were checked when queued; the cap is applied again for rows written by other means.
+    time.sleep(min(params.get("ms", DEFAULT_LATENCY_MS), MAX_LATENCY_MS) / 1000)
+
+
+def _refused(exc: BadFault) -> JsonResponse:
+    return JsonResponse({"detail": str(exc)}, status=400)
+
+
+@sandbox_view("POST")
 def effects(request: HttpRequest, system: str) -> JsonResponse:
     if missing := _unknown_system(system):
         return missing
     key = request.headers.get("Idempotency-Key", "").strip()
-    body = _body(request)
-    if not key or body is None:
+    if not key or len(key) > 200 or values.text_problem(key):
         return JsonResponse(
-            {"detail": "Idempotency-Key header and a JSON object body are required"}, status=400
+            {"detail": "an Idempotency-Key header (at most 200 characters) is required"}, status=400
         )
-    fault = _next_fault(request, system, "dispatch", key)
+    body, problem = _body(request)
+    if body is None:
+        return JsonResponse({"detail": f"a JSON object body is required: {problem}"}, status=400)
+    try:
+        fault = _next_fault(request, system, "dispatch", key)
+    except BadFault as exc:
+        return _refused(exc)
     kind, params = fault or ("", {})
     if kind == "latency":
-        time.sleep(params.get("ms", 500) / 1000)
+        _sleep_ms(params)
     # A key seen before gets its first result, whatever else this call was meant to suffer.
     existing = Effect.objects.filter(system=system, idempotency_key=key).first()
     if existing is not None:
@@ -111,19 +239,21 @@ def effects(request: HttpRequest, system: str) -> JsonResponse:
     except IntegrityError:
         Effect.objects.filter(system=system, idempotency_key=key).update(deliveries=F("deliveries") + 1)
         return JsonResponse(_effect_json(Effect.objects.get(system=system, idempotency_key=key)), status=200)
-    if kind == "timeout":
-        time.sleep(params.get("seconds", HANG_SECONDS))  # committed; the caller gives up first
+    if kind == "timeout":  # committed; the caller gives up first
+        time.sleep(min(params.get("seconds", HANG_SECONDS), MAX_HANG_SECONDS))
     if kind == "ambiguous":
         return JsonResponse({"detail": "injected: upstream answer lost"}, status=502)
     return JsonResponse(_effect_json(effect), status=201)
 
 
-@csrf_exempt
-@require_http_methods(["GET"])
+@sandbox_view("GET")
 def effect_detail(request: HttpRequest, system: str, key: str) -> JsonResponse:
     if missing := _unknown_system(system):
         return missing
-    fault = _next_fault(request, system, "lookup", key)
+    try:
+        fault = _next_fault(request, system, "lookup", key)
+    except BadFault as exc:
+        return _refused(exc)
     if fault and fault[0] == "error":
         return JsonResponse({"detail": "injected error"}, status=503)
     effect = Effect.objects.filter(system=system, idempotency_key=key).first()
@@ -132,15 +262,14 @@ def effect_detail(request: HttpRequest, system: str, key: str) -> JsonResponse:
     return JsonResponse(_effect_json(effect))
 
 
-@csrf_exempt
-@require_http_methods(["GET", "PUT"])
+@sandbox_view("GET", "PUT", people_may_read=True)
 def record(request: HttpRequest, system: str, record_id: str) -> JsonResponse:
     if missing := _unknown_system(system):
         return missing
     if request.method == "PUT":
-        data = _body(request)
+        data, problem = _body(request)
         if data is None:
-            return JsonResponse({"detail": "a JSON object body is required"}, status=400)
+            return JsonResponse({"detail": f"a JSON object body is required: {problem}"}, status=400)
         with transaction.atomic():
             found = Record.objects.select_for_update().filter(system=system, record_id=record_id).first()
             if found is None:
@@ -149,44 +278,56 @@ def record(request: HttpRequest, system: str, record_id: str) -> JsonResponse:
                 found.data, found.version = data, found.version + 1
                 found.save(update_fields=["data", "version", "updated_at"])
         return JsonResponse({"id": record_id, "version": found.version, "data": found.data})
-    fault = _next_fault(request, system, "read", record_id)
+    try:
+        fault = _next_fault(request, system, "read", record_id)
+    except BadFault as exc:
+        return _refused(exc)
     if fault and fault[0] == "error":
         return JsonResponse({"detail": "injected error"}, status=503)
     if fault and fault[0] == "latency":
-        time.sleep(fault[1].get("ms", 500) / 1000)
+        _sleep_ms(fault[1])
     found = Record.objects.filter(system=system, record_id=record_id).first()
     if found is None:
         return JsonResponse({"detail": "no such record"}, status=404)
     return JsonResponse({"id": record_id, "version": found.version, "data": found.data})
 
 
-@csrf_exempt
-@require_http_methods(["POST", "DELETE"])
+@sandbox_view("POST", "DELETE")
 def faults(request: HttpRequest) -> JsonResponse:
     if request.method == "DELETE":
         Fault.objects.all().delete()
         return JsonResponse({"cleared": True})
-    body = _body(request)
-    remaining = body.get("remaining", 1) if body else None
-    if (
-        not body
-        or body.get("system") not in SYSTEMS
-        or body.get("kind") not in FAULT_KINDS
-        or body.get("operation", "dispatch") not in ("dispatch", "lookup", "read")
-        or not isinstance(body.get("params", {}), dict)
-        or not isinstance(remaining, int)
-        or isinstance(remaining, bool)
-        or not 0 < remaining <= 10_000
-    ):
-        return JsonResponse(
-            {"detail": f"system (one of {SYSTEMS}), kind (one of {FAULT_KINDS}) and a count are required"},
-            status=400,
-        )
-    fault = Fault.objects.create(
-        system=body["system"],
-        operation=body.get("operation", "dispatch"),
-        kind=body["kind"],
-        remaining=remaining,
-        params=body.get("params") or {},
-    )
+    body, problem = _body(request)
+    if body is None:
+        return JsonResponse({"detail": f"a JSON object body is required: {problem}"}, status=400)
+    try:
+        fields = clean_fault(body)
+    except BadFault as exc:
+        return _refused(exc)
+    fault = Fault.objects.create(**fields)
     return JsonResponse({"id": fault.pk, "queued": str(fault)}, status=201)
+
+
+def clean_fault(body: dict) -> dict:
+    """The fields of a ``Fault`` from a request body, every part checked (``BadFault`` says which)."""
+    unknown = sorted(set(body) - {"system", "kind", "operation", "remaining", "params"})
+    if unknown:
+        raise BadFault(f"unknown fields {unknown}: system, kind, operation, remaining and params are known")
+    if body.get("system") not in SYSTEMS:
+        raise BadFault(f"system must be one of {', '.join(SYSTEMS)}")
+    if body.get("kind") not in FAULT_KINDS:
+        raise BadFault(f"kind must be one of {', '.join(FAULT_KINDS)}")
+    operation = body.get("operation", "dispatch")
+    if operation not in OPERATIONS:
+        raise BadFault(f"operation must be one of {', '.join(OPERATIONS)}")
+    remaining = body.get("remaining", 1)
+    if not isinstance(remaining, int) or isinstance(remaining, bool) or not 0 < remaining <= 10_000:
+        raise BadFault("remaining must be a whole number from 1 to 10000")
+    params = clean_params(body["kind"], body.get("params") or {})
+    return {
+        "system": body["system"],
+        "kind": body["kind"],
+        "operation": operation,
+        "remaining": remaining,
+        "params": params,
+    }

@@ -4,19 +4,22 @@
 {base}/effects/{key}``; and, for evidence, ``GET {base}/records/{id}`` →
 ``{"id", "version", "data"}`` (404: no such record). The base URL is
 ``CONNECTOR_<NAME>_URL`` (default: the built-in sandbox), so a real system or a
-test double can stand in.
+test double can stand in. Every request carries the connector's headers and
+bearer token (``config.external.request_headers``); the URL never holds a
+credential. Error messages are redacted (``audit.redaction``): they end up in
+the ledger, the audit log and logs.
 """
 
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 from django.conf import settings
 
+from audit.redaction import redact
 from config import http
-from config.external import connector_url
+from config.external import connector_url, path_segment, request_headers
 from ledger.connectors.base import Connector, Outcome, OutcomeUnknown, ReadUnavailable, Record, Rejected
 
 
@@ -31,6 +34,10 @@ class HTTPConnector(Connector):
 
     def _timeout(self) -> float:
         return self.timeout or settings.CONNECTOR_TIMEOUT
+
+    def _failure(self, what: str, exc: Exception) -> str:
+        # An httpx error may quote the URL, and a server's answer may echo what it was sent.
+        return redact(f"{what}: {type(exc).__name__}: {exc}")
 
     @staticmethod
     def _outcome(body: dict[str, Any], *, replayed: bool = False) -> Outcome:
@@ -47,11 +54,11 @@ class HTTPConnector(Connector):
             response = http.client().post(
                 f"{self.base_url}/effects/",
                 json=effect,
-                headers={"Idempotency-Key": key},
+                headers={**request_headers(self.name), "Idempotency-Key": key},
                 timeout=self._timeout(),
             )
         except httpx.HTTPError as exc:  # includes timeouts: the request may have been acted on
-            raise OutcomeUnknown(f"{self.name}: {type(exc).__name__}: {exc}") from None
+            raise OutcomeUnknown(self._failure(self.name, exc)) from None
         if response.status_code in (200, 201):
             try:
                 return self._outcome(response.json(), replayed=response.status_code == 200)
@@ -59,22 +66,24 @@ class HTTPConnector(Connector):
                 raise OutcomeUnknown(f"{self.name}: unreadable success answer") from None
         if 400 <= response.status_code < 500 and response.status_code not in (408, 429):
             # A definite refusal. (408 and 429 say "not now", which is not "no".)
-            raise Rejected(f"{self.name} refused the effect ({response.status_code}): {response.text[:200]}")
+            answer = redact(response.text[:200])
+            raise Rejected(f"{self.name} refused the effect ({response.status_code}): {answer}")
         raise OutcomeUnknown(f"{self.name} answered {response.status_code}")
 
     def _get(self, url: str) -> httpx.Response:
         """A read (idempotent): tried once more when a kept-alive connection turns out closed by the
         server (reset, or closed before answering), which says nothing about the system itself."""
+        headers = request_headers(self.name)
         try:
-            return http.client().get(url, timeout=self._timeout())
+            return http.client().get(url, headers=headers, timeout=self._timeout())
         except (httpx.ReadError, httpx.RemoteProtocolError):
-            return http.client().get(url, timeout=self._timeout())
+            return http.client().get(url, headers=headers, timeout=self._timeout())
 
     def lookup(self, key: str) -> Outcome | None:
         try:
-            response = self._get(f"{self.base_url}/effects/{quote(key, safe='')}")
+            response = self._get(f"{self.base_url}/effects/{path_segment(key)}")
         except httpx.HTTPError as exc:
-            raise OutcomeUnknown(f"{self.name} lookup: {type(exc).__name__}: {exc}") from None
+            raise OutcomeUnknown(self._failure(f"{self.name} lookup", exc)) from None
         if response.status_code == 404:
             return None
         if response.status_code != 200:
@@ -86,9 +95,9 @@ class HTTPConnector(Connector):
 
     def read(self, record_id: str) -> Record | None:
         try:
-            response = self._get(f"{self.base_url}/records/{quote(record_id, safe='')}")
+            response = self._get(f"{self.base_url}/records/{path_segment(record_id)}")
         except httpx.HTTPError as exc:
-            raise ReadUnavailable(f"{self.name}: {type(exc).__name__}: {exc}") from None
+            raise ReadUnavailable(self._failure(self.name, exc)) from None
         if response.status_code == 404:
             return None
         if response.status_code != 200:
@@ -97,7 +106,7 @@ class HTTPConnector(Connector):
             body = response.json()
             return Record(record_id, str(body["version"]), dict(body.get("data") or {}))
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
-            raise ReadUnavailable(f"{self.name} sent an unreadable record: {exc}") from None
+            raise ReadUnavailable(redact(f"{self.name} sent an unreadable record: {exc}")) from None
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "protocol": "sandbox-effects/1", "base_url": self.base_url}

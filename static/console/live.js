@@ -1,8 +1,10 @@
 /* Live refresh of console pages, over htmx (loaded before this file by base.html).
  *
- * A polled element carries hx-trigger="every 5s [document.visibilityState=='visible' && consoleLive(this)]":
- * it is re-read only while the tab is visible, the operator has not paused it, and nothing the
- * operator is handling sits inside it (a ticked checkbox, the keyboard focus). The indicator
+ * A polled element carries data-live-poll and hx-trigger="every 5s": each poll is let through (the
+ * htmx:confirm listener below) only while the tab is visible, the operator has not paused it, and
+ * nothing the operator is handling sits inside it (a ticked checkbox, the keyboard focus). The
+ * condition lives here, not in the trigger: htmx evaluates trigger filters as code, which the
+ * Content-Security-Policy (no eval, no inline script) forbids. The indicator
  * (templates/console/live_indicator.html) is hidden in the HTML and shown here, so a page
  * without JavaScript shows no promise it cannot keep.
  */
@@ -17,6 +19,13 @@
     if (elt.contains(document.activeElement) && document.activeElement !== document.body) return false;
     return true;
   };
+
+  document.addEventListener("htmx:confirm", function (event) {
+    var elt = event.detail.elt;
+    if (elt && elt.hasAttribute && elt.hasAttribute("data-live-poll") && !window.consoleLive(elt)) {
+      event.preventDefault();
+    }
+  });
 
   function indicators() {
     return Array.prototype.slice.call(document.querySelectorAll("[data-live]"));

@@ -31,7 +31,8 @@ def test_create_starts_a_ready_task_owned_by_the_caller(operator):
         "acme",
         "acme-operator",
     )
-    assert body["input"] == {**REFUND_INPUT, "reason": ""}  # as the task type accepted it
+    # As the task type accepted it, the sensitive e-mail masked (tests/security/test_reveal.py).
+    assert body["input"] == {**REFUND_INPUT, "customer_email": "••••", "reason": ""}
     assert Task.objects.get(pk=body["id"]).owner == operator
 
 

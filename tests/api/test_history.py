@@ -36,7 +36,8 @@ def test_the_events_of_a_new_task_hold_its_creation(operator, acme):
 
 
 def test_an_auditor_can_recompute_every_hash_of_the_chain_from_the_events_api(auditor, acme):
-    from audit.chain import GENESIS, event_hash
+    from audit.chain import GENESIS, link_hash
+    from audit.keys import chain_keys
 
     task = make_task(acme)  # its creation event covers the first checkpoint's digest
     events = api_client_for(auditor).get(url(task, "events")).json()["results"]
@@ -45,7 +46,8 @@ def test_an_auditor_can_recompute_every_hash_of_the_chain_from_the_events_api(au
         fields = {**event, "task_id": task.id, "tenant_id": acme.id}
         fields["created_at"] = datetime.fromisoformat(event["created_at"])
         assert event["checkpoint_digest"]
-        assert (event["prev_hash"], event_hash(prev, fields)) == (prev, event["hash"])
+        link = link_hash(prev, fields, key_id=event["key_id"], keys=chain_keys())
+        assert (event["prev_hash"], link) == (prev, event["hash"])
         prev = event["hash"]
 
 

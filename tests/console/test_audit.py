@@ -15,7 +15,8 @@ from django.test import Client
 from django.utils import timezone
 
 from audit import selectors as audit_selectors
-from audit.chain import GENESIS, HASHED_FIELDS, OPTIONAL_HASHED_FIELDS, event_hash, verify_events
+from audit.chain import GENESIS, HASHED_FIELDS, OPTIONAL_HASHED_FIELDS, link_hash, verify_events
+from audit.keys import chain_keys
 from audit.models import LeaseTakeover, TransitionEvent
 from console import audit as audit_views
 from tasks.models import Task
@@ -26,6 +27,12 @@ from tests.conftest import make_task, progress
 pytestmark = pytest.mark.django_db
 
 CHAIN_FIELDS = (*HASHED_FIELDS, *OPTIONAL_HASHED_FIELDS)
+
+
+def recomputed(record: dict[str, Any]) -> str:
+    """An exported event's hash, recomputed from its fields with the chain key it names."""
+    fields = {name: record[name] for name in CHAIN_FIELDS}
+    return link_hash(record["prev_hash"], fields, key_id=record["key_id"], keys=chain_keys())
 
 
 def client_for(user) -> Client:
@@ -295,13 +302,15 @@ def test_the_json_export_of_a_task_verifies_offline(auditor, acme, monkeypatch):
     assert exported["count"] == len(records) == 5
     assert exported["hash"]["fields"] == list(HASHED_FIELDS) and exported["hash"]["genesis"] == GENESIS
     for record in records:  # each hash recomputed from the exported fields, as they are
-        assert (
-            event_hash(record["prev_hash"], {name: record[name] for name in CHAIN_FIELDS}) == record["hash"]
-        )
+        assert recomputed(record) == record["hash"]
     head = exported["task"]
     assert (
         verify_events(
-            head["id"], as_events(records), head=head["audit_head"], state_version=head["state_version"]
+            head["id"],
+            as_events(records),
+            head=head["audit_head"],
+            state_version=head["state_version"],
+            keys=chain_keys(),
         )
         is None
     )
@@ -316,13 +325,17 @@ def test_the_csv_export_of_a_task_verifies_offline(auditor, acme, monkeypatch):
 
     assert [r["state_version"] for r in records] == [1, 2, 3, 4, 5]
     for record in records:
-        assert (
-            event_hash(record["prev_hash"], {name: record[name] for name in CHAIN_FIELDS}) == record["hash"]
-        )
+        assert recomputed(record) == record["hash"]
     head = Task.objects.get(pk=task.pk)  # shown on the history page, and in the file name
     assert f"-v{head.state_version}.csv" in response["Content-Disposition"]
     assert (
-        verify_events(task.id, as_events(records), head=head.audit_head, state_version=head.state_version)
+        verify_events(
+            task.id,
+            as_events(records),
+            head=head.audit_head,
+            state_version=head.state_version,
+            keys=chain_keys(),
+        )
         is None
     )
 
@@ -337,6 +350,7 @@ def test_an_edited_export_no_longer_verifies(auditor, acme):
         as_events(exported["events"]),
         head=head["audit_head"],
         state_version=head["state_version"],
+        keys=chain_keys(),
     )
     assert link is not None and link.state_version == 2
 
@@ -352,9 +366,7 @@ def test_the_search_export_streams_every_page_with_verifiable_events(auditor, ac
     stamps = [(r["created_at"], r["event_id"]) for r in exported["events"]]
     assert stamps == sorted(stamps, reverse=True) and len(set(stamps)) == 6  # newest first, none twice
     for record in exported["events"]:
-        assert (
-            event_hash(record["prev_hash"], {name: record[name] for name in CHAIN_FIELDS}) == record["hash"]
-        )
+        assert recomputed(record) == record["hash"]
 
 
 def test_the_search_export_as_csv_has_the_chain_columns(auditor, acme):
@@ -362,9 +374,7 @@ def test_the_search_export_as_csv_has_the_chain_columns(auditor, acme):
     records = from_csv(body(client_for(auditor).get("/console/audit/export.csv")))
     assert len(records) == 2
     for record in records:
-        assert (
-            event_hash(record["prev_hash"], {name: record[name] for name in CHAIN_FIELDS}) == record["hash"]
-        )
+        assert recomputed(record) == record["hash"]
 
 
 def test_an_unknown_export_format_is_404(auditor, acme):

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 from playwright.sync_api import Page, expect
 
-from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS, event_hash, verify_events
+from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS, link_hash, verify_events
+from audit.keys import chain_keys
 from tasks.states import State
 from tasks.transitions import Actor, advance
 from tests.conftest import make_task, progress
@@ -62,11 +63,19 @@ def test_an_auditor_searches_opens_a_history_and_verifies_its_export(
     exported = json.loads(saved.read_text())
     fields = (*HASHED_FIELDS, *OPTIONAL_HASHED_FIELDS)
     for record in exported["events"]:
-        assert event_hash(record["prev_hash"], {name: record[name] for name in fields}) == record["hash"]
+        covered = {name: record[name] for name in fields}
+        key_id = record["key_id"]
+        assert link_hash(record["prev_hash"], covered, key_id=key_id, keys=chain_keys()) == record["hash"]
     head = exported["task"]
     events = [SimpleNamespace(**record) for record in exported["events"]]
     assert head["id"] == str(task.id) and len(events) == 4
     assert (
-        verify_events(head["id"], events, head=head["audit_head"], state_version=head["state_version"])
+        verify_events(
+            head["id"],
+            events,
+            head=head["audit_head"],
+            state_version=head["state_version"],
+            keys=chain_keys(),
+        )
         is None
     )

@@ -67,6 +67,8 @@ EXPECTED: dict[str, Row] = {
     "task-control": row("POST", LOGIN, 404, 403, DONE, 403, DONE),
     "task-answer": row("POST", LOGIN, 404, 403, PASSED, 403, PASSED),
     "task-rerun": row("POST", LOGIN, 404, 403, PASSED, 403, PASSED),
+    # Reveal: operators and admins only; the matrix's empty form is refused past the access check.
+    "task-reveal": row("POST", LOGIN, 404, 403, PASSED, 403, PASSED),
     "landing": row("GET", LOGIN, REDIRECT, REDIRECT, REDIRECT, REDIRECT, REDIRECT),
     "approvals": row("GET", LOGIN, 200, 200, 200, 200, 200),
     "approval": row("GET", LOGIN, 404, 200, 200, 200, 200),
@@ -94,6 +96,8 @@ EXPECTED: dict[str, Row] = {
     # here) deletes one, everyone else gets 404 (it is not theirs to know about).
     "saved-view-save": row("POST", LOGIN, DONE, DONE, DONE, DONE, DONE),
     "saved-view-delete": row("POST", LOGIN, 404, 404, DONE, 404, 404),
+    # The access log: auditors and admins of some tenant (tenancy.selectors.ACCESS_LOG_ROLES).
+    "access": row("GET", LOGIN, 403, 200, 403, 403, 200),
 }
 
 

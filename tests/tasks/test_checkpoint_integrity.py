@@ -38,13 +38,17 @@ def stepped(tenant, **facts) -> Task:
 
 
 def edit_latest(task: Task, sql_set: str, params: list) -> None:
-    """Change the newest checkpoint row by SQL, behind the application's back."""
+    """Change the newest checkpoint row by SQL, behind the application's back: as its owner, around
+    the trigger that lets only ``body`` change (tasks migration 0007)."""
     with connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # ALTER TABLE refuses pending FK checks
+        cursor.execute("ALTER TABLE tasks_checkpoint DISABLE TRIGGER tasks_checkpoint_append_only")
         cursor.execute(
             f"UPDATE tasks_checkpoint SET {sql_set} WHERE task_id = %s AND state_version = %s",
             [*params, task.id, task.state_version],
         )
         assert cursor.rowcount == 1
+        cursor.execute("ALTER TABLE tasks_checkpoint ENABLE TRIGGER tasks_checkpoint_append_only")
 
 
 def resumed(task: Task) -> Task:

@@ -4,6 +4,11 @@ Starts the web server (console, API and sandbox systems), a Celery worker for
 this region and Celery beat (the sweep), over the configured broker — the
 embedded filesystem broker when ``CELERY_BROKER_URL`` is unset. Stops them all
 when one exits or on Ctrl-C.
+
+It is a development run of a demo and says so: it refuses to start unless the
+environment asks for one (``DEBUG=1`` and ``SANDBOX_ENABLED=1``, as ``make demo``
+sets them with a demo ``SECRET_KEY`` and ``SANDBOX_TOKEN``); the children it
+starts inherit that environment.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import sys
 import time
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 
 def _interrupt(signum, frame):
@@ -30,6 +35,11 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=2)
 
     def handle(self, *args, addrport: str, concurrency: int, **options):
+        if not (settings.DEBUG and settings.SANDBOX_ENABLED):
+            raise CommandError(
+                "run_demo serves the demo with its sandbox: run it with DEBUG=1 and SANDBOX_ENABLED=1 "
+                "(`make demo` sets them), never with production settings."
+            )
         host, _, port = addrport.rpartition(":")
         env = {
             # The demo's thresholds: an outcome in doubt for a minute is escalated, and a task

@@ -1,7 +1,7 @@
 """manage.py seed_demo: demo tenants, users and tasks (idempotent; refuses in production).
 
 Tenants ``acme`` and ``globex``; in each, users ``<tenant>-operator``,
-``-approver``, ``-approver2``, ``-auditor``, ``-admin`` with password
+``-approver``, ``-approver2``, ``-auditor``, ``-admin``, ``-integrator`` with password
 ``$DEMO_PASSWORD`` (default ``demo``); the sandbox order records, policies and
 approved runtime configs; two tasks ready for the workers to drive, and, per
 tenant, a standing case of every kind an operator triages. None of the standing
@@ -60,6 +60,7 @@ USERS = {
     "approver2": [Role.APPROVER],
     "auditor": [Role.AUDITOR],
     "admin": [Role.ADMIN, Role.OPERATOR],
+    "integrator": [Role.INTEGRATOR],  # a system's account: start tasks, feed input and events
 }
 
 

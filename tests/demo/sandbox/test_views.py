@@ -5,10 +5,17 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.test import Client
 
 from demo.sandbox.models import Effect, Fault
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def client(settings):
+    """A caller with the sandbox's token (tests/security/test_sandbox_hardening.py: without it, 401)."""
+    return Client(headers={"Authorization": f"Bearer {settings.SANDBOX_TOKEN}"})
 
 
 def post(client, path: str, body, **headers):
@@ -46,11 +53,12 @@ def test_a_malformed_fault_is_refused_with_400(client, body):
     assert not Fault.objects.exists()
 
 
-def test_an_odd_fault_header_is_ignored_not_a_500(client):
+def test_an_odd_fault_header_is_refused_with_400_not_a_500(client):
     response = post(
         client, "/sandbox/payments/effects/", {}, HTTP_IDEMPOTENCY_KEY="k", HTTP_X_SANDBOX_FAULT="latency=²"
     )
-    assert response.status_code == 201
+    assert response.status_code == 400
+    assert not Effect.objects.exists()
 
 
 def test_a_standing_fault_for_one_key_fails_every_lookup_of_that_key_and_no_other(client):

@@ -1,0 +1,40 @@
+"""manage.py audit_anchor [--dir DIR] : write a signed anchor of every chain head (``audit.anchor``).
+
+Prints the new file's path and what it holds. Beat runs the same function
+every ``AUDIT_ANCHOR_INTERVAL`` seconds (``audit.workers.anchor``).
+``--generate-key`` prints a new Ed25519 key pair for ``AUDIT_ANCHOR_KEY`` /
+``AUDIT_ANCHOR_PUBLIC_KEYS`` and writes nothing.
+"""
+
+from __future__ import annotations
+
+from argparse import ArgumentParser
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.core.management.base import BaseCommand
+
+from audit.anchor import write_anchor
+from audit.keys import encode_private, encode_public, fingerprint
+
+
+class Command(BaseCommand):
+    help = "Write a signed anchor of every task's audit chain head outside the database."
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("--dir", type=Path, default=None, help="Directory (default AUDIT_ANCHOR_DIR)")
+        parser.add_argument("--generate-key", action="store_true", help="Print a new signing key pair")
+
+    def handle(self, *args: Any, dir: Path | None, generate_key: bool, **options: Any) -> None:
+        if generate_key:
+            private = Ed25519PrivateKey.generate()
+            self.stdout.write(f"AUDIT_ANCHOR_KEY={encode_private(private)}")
+            self.stdout.write(f"# public key {fingerprint(private.public_key())}, for verifying hosts:")
+            self.stdout.write(f"AUDIT_ANCHOR_PUBLIC_KEYS={encode_public(private.public_key())}")
+            return
+        written = write_anchor(dir)
+        self.stdout.write(
+            f"{written.path}: {written.tasks} tasks, {written.tombstones} tombstones, "
+            f"{written.tenants} tenants"
+        )
