@@ -16,7 +16,7 @@ from approvals.models import ApprovalRequest, ApprovalStatus
 from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS
 from audit.models import LeaseTakeover, TransitionEvent
 from ledger.models import Action
-from tasks import checkpoints, registry, reveal, sealing, selectors, values
+from tasks import checkpoints, registry, retention, reveal, sealing, selectors, values
 from tasks.models import Checkpoint, Lease, Task
 from tasks.states import State
 from tenancy.models import Tenant
@@ -192,7 +192,7 @@ class CheckpointOut(serializers.ModelSerializer):
             try:
                 # recorded_digest: annotated by TaskCheckpointsApi from the row's audit event.
                 recorded = row.recorded_digest  # type: ignore[attr-defined]
-                document = checkpoints.decode_stored(row, recorded_digest=recorded)
+                document = retention.read_for_review(row, recorded_digest=recorded)
                 shown = document.model_dump(mode="json")
                 shown["facts"] = reveal.masked_facts(self._task_type(row), shown["facts"])
                 cache[row.pk] = {"ok": True, "document": shown}
@@ -264,6 +264,9 @@ class ApprovalOut(serializers.ModelSerializer):
     task_state = serializers.CharField(source="task.state", read_only=True)
     live = serializers.SerializerMethodField()
     decision = serializers.SerializerMethodField()
+    # Sensitive values masked (stored sealed); ``digest`` is of the clear values, as approved.
+    consequential = serializers.SerializerMethodField()
+    material = serializers.SerializerMethodField()
 
     class Meta:
         model = ApprovalRequest
@@ -296,6 +299,12 @@ class ApprovalOut(serializers.ModelSerializer):
 
     def get_live(self, request: ApprovalRequest) -> bool:
         return approval_selectors.is_live(request)
+
+    def get_consequential(self, request: ApprovalRequest) -> dict[str, Any]:
+        return request.shown_consequential
+
+    def get_material(self, request: ApprovalRequest) -> dict[str, Any]:
+        return request.shown_material
 
     def get_decision(self, request: ApprovalRequest) -> dict[str, Any] | None:
         made = getattr(request, "decision", None)

@@ -1,7 +1,9 @@
 from django.urls import path
 
 from api.views.access import AccessEventListApi
+from api.views.alerts import AlertAcknowledgeApi, AlertListApi, AlertSnoozeApi
 from api.views.approvals import ApprovalDecideApi, ApprovalDetailApi, ApprovalListApi
+from api.views.legal_hold import TaskLegalHoldApi
 from api.views.reveal import TaskRevealApi
 from api.views.tasks import (
     TaskActionsApi,
@@ -26,6 +28,7 @@ urlpatterns = (
         path("tasks/<uuid:task_id>/input/", TaskInputApi.as_view(), name="api-task-input"),
         path("tasks/<uuid:task_id>/rerun/", TaskRerunApi.as_view(), name="api-task-rerun"),
         path("tasks/<uuid:task_id>/reveal/", TaskRevealApi.as_view(), name="api-task-reveal"),
+        path("tasks/<uuid:task_id>/legal-hold/", TaskLegalHoldApi.as_view(), name="api-task-legal-hold"),
         path(
             "tasks/<uuid:task_id>/external-events/", TaskExternalEventApi.as_view(), name="api-task-events-in"
         ),
@@ -39,5 +42,10 @@ urlpatterns = (
         path("approvals/<uuid:request_id>/", ApprovalDetailApi.as_view(), name="api-approval"),
         path("approvals/<uuid:request_id>/decide/", ApprovalDecideApi.as_view(), name="api-approval-decide"),
         path("access-events/", AccessEventListApi.as_view(), name="api-access-events"),
+        path("alerts/", AlertListApi.as_view(), name="api-alerts"),
+        path(
+            "alerts/<int:alert_id>/acknowledge/", AlertAcknowledgeApi.as_view(), name="api-alert-acknowledge"
+        ),
+        path("alerts/<int:alert_id>/snooze/", AlertSnoozeApi.as_view(), name="api-alert-snooze"),
     ]
 )

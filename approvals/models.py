@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from functools import cached_property
+from typing import Any
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from guardian.models import GroupObjectPermissionBase, UserObjectPermissionBase
 
+from tasks import registry, sealing
 from tasks.ids import uuid7
 
 
@@ -32,9 +36,11 @@ class ApprovalRequest(models.Model):
     step = models.CharField(max_length=64)
     action_step = models.CharField(max_length=64)
     waiting_version = models.PositiveIntegerField()
-    consequential = models.JSONField()  # exactly the fields the digest covers, as shown to approvers
+    # Exactly the fields the digest covers; the effect's sensitive keys sealed to this request (the
+    # digest is of the clear values: see ``approvals.services.request_decision``).
+    consequential = models.JSONField()
     digest = models.CharField(max_length=64)
-    material = models.JSONField(default=dict)  # material facts as they stood when asked
+    material = models.JSONField(default=dict)  # material facts as they stood when asked (sensitive: sealed)
     evidence = models.JSONField(default=list)  # references: system, record_id, record_version, fetched_at
     policy_reason = models.TextField()
     policy_version = models.CharField(max_length=64)
@@ -71,6 +77,37 @@ class ApprovalRequest(models.Model):
 
     def __str__(self) -> str:
         return f"approval {self.id} for {self.task_id}:{self.action_step} [{self.status}]"
+
+    # --- sealed values (tasks.sealing) --------------------------------------------------------------
+    # ``consequential`` and ``material`` keep the task type's sensitive values sealed, bound to this
+    # request and column. Pages and API answers show them masked (``shown_*``); the runtime and the
+    # comparisons open them (``opened``).
+
+    def opened(self, column: str) -> Any:
+        """``consequential`` or ``material`` as asked, sealed values opened. Raises ``sealing.Unopenable``."""
+        return sealing.open_all(getattr(self, column), sealing.approval_place(self.id, column))
+
+    def shown(self, column: str) -> Any:
+        """``consequential`` or ``material`` as approvers see it: sensitive values masked, sealed or not
+        (a request written before sealing holds them in clear)."""
+        at = sealing.approval_place(self.id, column)
+        value = getattr(self, column)
+        if column == "material":
+            return sealing.masked_at(value, at, registry.sensitive_fields(self.task.task_type))
+        effect = value.get("effect") if isinstance(value, dict) else None
+        if not isinstance(effect, dict):
+            return sealing.mask_all(value, at)
+        names = registry.sensitive_effect_keys(self.task.task_type, self.action_step)
+        return {**sealing.mask_all(value, at), "effect": sealing.masked_at(effect, (*at, "effect"), names)}
+
+    # Cached per instance: a page reads them several times, and neither column changes once written.
+    @cached_property
+    def shown_consequential(self) -> Any:
+        return self.shown("consequential")
+
+    @cached_property
+    def shown_material(self) -> Any:
+        return self.shown("material")
 
 
 class ApprovalDecision(models.Model):

@@ -30,6 +30,7 @@ from approvals.models import (
     ApprovalStatus,
 )
 from config.external import path_segment, public_url
+from tasks import sealing
 from tasks.states import State
 from tenancy.selectors import roles_by_tenant, tenant_ids_for
 
@@ -297,11 +298,28 @@ def _changes(before: dict[str, Any], after: dict[str, Any], label: str) -> list[
     ]
 
 
+def _sealed_changes(
+    earlier: ApprovalRequest, request: ApprovalRequest, column: str, label: str
+) -> list[Change]:
+    """``_changes`` of a column holding sealed values: compared opened (each sealing's token differs),
+    shown masked. Under a retired key they are compared as shown."""
+    shown = _flat("", earlier.shown(column)), _flat("", request.shown(column))
+    try:
+        before, after = _flat("", earlier.opened(column)), _flat("", request.opened(column))
+    except sealing.Unopenable:
+        before, after = shown
+    return [
+        Change(f"{label}{key}", shown[0].get(key), shown[1].get(key))
+        for key in sorted(before.keys() | after.keys())
+        if before.get(key) != after.get(key)
+    ]
+
+
 def repeat_changes(earlier: ApprovalRequest, request: ApprovalRequest) -> list[Change]:
     """What a repeat request asks differently: the consequential fields, the facts, the evidence versions."""
     return [
-        *_changes(_flat("", earlier.consequential), _flat("", request.consequential), ""),
-        *_changes(earlier.material, request.material, "fact "),
+        *_sealed_changes(earlier, request, "consequential", ""),
+        *_sealed_changes(earlier, request, "material", "fact "),
         *_changes(_evidence_versions(earlier.evidence), _evidence_versions(request.evidence), "evidence "),
     ]
 

@@ -9,10 +9,16 @@
   current action and compare the material facts with those approved.
 - ``retarget_on_escalation`` — an escalation of a task waiting for approval
   hands the pending request on to the role escalated to, instead of voiding it.
+
+A request keeps the task type's sensitive values (the effect's sensitive keys,
+sensitive material facts) sealed to itself (``tasks.sealing``), and approvers
+see them masked. The digest they approve is still taken over the clear values,
+so it binds exactly what will be sent.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,10 +27,11 @@ from django.db import IntegrityError
 from django.db.models import F
 from django.utils import timezone
 from guardian.shortcuts import assign_perm, remove_perm
+from opentelemetry import trace
 
 from approvals.digest import digest
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Decision
-from tasks import doorbell, registry
+from tasks import doorbell, metrics, registry, sealing
 from tasks import services as task_services
 from tasks.checkpoints import ApprovalRef, Progress
 from tasks.decisions import Decision as StepDecision
@@ -37,6 +44,7 @@ from tenancy.selectors import has_role
 from tenancy.services import role_group
 
 DECIDE = "approvals.decide_approvalrequest"
+tracer = trace.get_tracer(__name__)
 
 
 class ApprovalRefused(Exception):
@@ -54,6 +62,21 @@ def consequential_fields(step: registry.Dispatch, facts: dict[str, Any]) -> dict
 
 def material_snapshot(task: Task, kind: registry.TaskType, facts: dict[str, Any]) -> dict[str, Any]:
     return {**{name: facts.get(name) for name in kind.material_facts}, "policy_version": task.policy_version}
+
+
+def _sealed(
+    request: ApprovalRequest, kind: registry.TaskType, action: registry.Dispatch, material: dict[str, Any]
+) -> None:
+    """Seal ``request``'s copies of sensitive values to it: the effect's sensitive keys, sensitive facts."""
+    at = sealing.approval_place(request.id, "consequential")
+    fields = request.consequential
+    request.consequential = {
+        **fields,
+        "effect": sealing.seal_fields(fields["effect"], action.sensitive, (*at, "effect")),
+    }
+    request.material = sealing.seal_fields(
+        material, kind.sensitive, sealing.approval_place(request.id, "material")
+    )
 
 
 def request_decision(
@@ -74,6 +97,7 @@ def request_decision(
     policy_reason = " ".join(
         part for part in [step.reason, *(f"{line}." for line in action.above_threshold(facts))] if part
     )
+    material = material_snapshot(task, kind, facts)
     request = ApprovalRequest(
         task=task,
         tenant_id=task.tenant_id,
@@ -81,8 +105,8 @@ def request_decision(
         action_step=action.name,
         waiting_version=task.state_version + 1,
         consequential=fields,
-        digest=digest(fields),
-        material=material_snapshot(task, kind, facts),
+        digest=digest(fields),  # of the clear values: the approval binds what will be sent
+        material=material,
         evidence=[ref.model_dump(mode="json") for ref in progress.evidence],
         policy_reason=policy_reason,
         policy_version=task.policy_version,
@@ -92,6 +116,7 @@ def request_decision(
         expires_at=now + step.timeout,
         created_at=now,
     )
+    _sealed(request, kind, action, material)  # its id is set already (uuid7 default)
     approvers = role_group(task.tenant, step.approver_role)
 
     def grant_decide() -> None:
@@ -134,15 +159,22 @@ def gate(
     """
     facts = dict(progress.facts)
     current = material_snapshot(task, kind, facts)
+    try:
+        approved = request.opened("material")
+    except sealing.Unopenable as exc:  # its key retired: what was approved cannot be compared
+        return "reapprove", f"the approved facts cannot be read ({exc.where}: {exc.problem})"
     rules = {**kind.material_facts, "policy_version": "invalidate"}
     stale = []
     for name, rule in rules.items():
-        before, now = request.material.get(name), current.get(name)
+        before, now = approved.get(name), current.get(name)
         if before == now or rule == "immaterial":
             continue
+        # The reason goes to the audit log: a sensitive fact is named there masked.
+        show: Callable[[Any], object] = sealing.mask if name in kind.sensitive else repr
+        change = f"{show(before)} -> {show(now)}"
         if rule == "invalidate":
-            return "reapprove", f"{name} changed since the approval: {before!r} -> {now!r}"
-        stale.append(f"{name}: {before!r} -> {now!r}")
+            return "reapprove", f"{name} changed since the approval: {change}"
+        stale.append(f"{name}: {change}")
     fields = consequential_fields(kind.step_as(request.action_step, registry.Dispatch), facts)
     if digest(fields) != request.digest:
         return "reapprove", "the action changed since it was approved"
@@ -205,7 +237,34 @@ def approval_decide(
     (the request changed since it was shown), or when the task no longer waits
     for this request. The same decision repeated is acknowledged with
     ``applied=False``.
+
+    One span, ``approval.decide``: the request, the decision and what came of it
+    (``applied``, ``acknowledged`` or the refusal's code); never the comment.
     """
+    with tracer.start_as_current_span("approval.decide") as span:
+        try:
+            decided = _decide(request, user=user, decision=decision, digest_seen=digest_seen, comment=comment)
+        except ApprovalRefused as exc:
+            _describe(span, request, decision, exc.code)
+            raise
+        _describe(span, request, decision, "applied" if decided.applied else "acknowledged")
+        return decided
+
+
+def _describe(span: trace.Span, request: ApprovalRequest, decision: str, outcome: str) -> None:
+    if span.is_recording():
+        span.set_attributes(
+            {
+                "durable.task.id": str(request.task_id),
+                "durable.approval.request_id": str(request.pk),
+                "durable.approval.step": request.step,
+                "durable.approval.decision": decision,
+                "durable.approval.outcome": outcome,
+            }
+        )
+
+
+def _decide(request: ApprovalRequest, *, user: Any, decision: str, digest_seen: str, comment: str) -> Decided:
     _may_decide(user, request)
     if decision not in request.allowed_decisions:
         raise ApprovalRefused(
@@ -291,6 +350,7 @@ def approval_decide(
                 request=request,
             ) from None
         return _already(request, decision)
+    metrics.approval_decided(status, request.created_at, now)  # durable_approval_decision_latency_seconds
     doorbell.ring(task.id, task.region)
     request.refresh_from_db()
     return Decided(request, task, applied=True)
@@ -399,5 +459,6 @@ def expire_pending(*, now: datetime | None = None) -> int:
     """
     pending = ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING)
     expired = pending.filter(expires_at__lte=now or timezone.now()).update(status=ApprovalStatus.EXPIRED)
+    metrics.approvals_expired(expired)
     orphaned = pending.exclude(task__state=State.WAITING_APPROVAL, task__state_version=F("waiting_version"))
     return expired + orphaned.update(status=ApprovalStatus.INVALIDATED)

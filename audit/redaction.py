@@ -70,6 +70,7 @@ _SECRET_SETTINGS = (
     "CONNECTOR_TOKENS",
     "CONNECTOR_HEADERS",
     "FIELD_ENCRYPTION_KEYS",
+    "METRICS_TOKEN",
 )
 # Shorter configured values are not searched for in free text: they would mask ordinary words.
 MIN_SECRET_LENGTH = 8

@@ -1,7 +1,15 @@
-"""OpenTelemetry: Django requests, Celery tasks, and a span per transition (tasks.transitions).
+"""OpenTelemetry: Django requests, Celery tasks, and the durable work in between.
+
+Spans of our own, each with ``durable.*`` attributes (ids, types, versions, counts; never
+input, facts, effects, prompts or answers): ``task.transition`` (tasks.transitions),
+``lease.claim`` / ``lease.takeover`` / ``lease.expire`` (tasks.leases), ``task.run``
+(runtime.runner: it continues the trace whose ``traceparent`` the checkpoint holds),
+``task.resume_validation``, ``action.dispatch``, ``action.reconcile``, ``approval.decide``
+and ``chat <model>`` (runtime.llm, GenAI conventions).
 
 Spans always get ids (the audit log records each transition's trace id); they
-are exported over OTLP/HTTP only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set.
+are exported over OTLP/HTTP only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set.
 ``OTEL_SDK_DISABLED=true`` turns all of it off. Database spans (psycopg) are
 opt-in with ``OTEL_INSTRUMENT_DB=true``: they cost CPU on every query.
 
@@ -36,7 +44,7 @@ def configure(*, celery: bool = False) -> None:
     provider = TracerProvider(
         resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "durable-agents")})
     )
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
@@ -58,6 +66,11 @@ def configure(*, celery: bool = False) -> None:
         from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
 
         PsycopgInstrumentor().instrument()
+
+    # Metrics: the meter provider behind /metrics and every durable_* instrument (config/metrics.py).
+    from config import metrics
+
+    metrics.configure()
 
 
 class RedactingExporter(SpanExporter):

@@ -8,6 +8,7 @@ concurrency guarantee is written for and tested on.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -65,6 +66,10 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: every line a request logs carries the task it is about (config/logging.py).
+    "config.logging.LogContextMiddleware",
+    # /healthz and /readyz, answered before host validation and the HTTPS redirect (config/health.py).
+    "config.health.HealthMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -219,6 +224,11 @@ AUDIT_HMAC_KEYS = env.str("AUDIT_HMAC_KEYS", default="")
 AUDIT_ANCHOR_KEY = env.str("AUDIT_ANCHOR_KEY", default="")
 AUDIT_ANCHOR_PUBLIC_KEYS = env.list("AUDIT_ANCHOR_PUBLIC_KEYS", default=[])
 AUDIT_ANCHOR_DIR = Path(env.str("AUDIT_ANCHOR_DIR", default=str(VAR_DIR / "anchors")))
+# Retention (tasks/retention.py; README, "Retention"): days after a task ended until its sealed values
+# are erased (archive) and until it is deleted with a tombstone, where no RetentionPolicy of its tenant
+# says otherwise; 0: never. Deleting needs the database owner role (README, "Database roles").
+RETENTION_ARCHIVE_AFTER_DAYS = env.int("RETENTION_ARCHIVE_AFTER_DAYS", default=30)
+RETENTION_DELETE_AFTER_DAYS = env.int("RETENTION_DELETE_AFTER_DAYS", default=365)
 # Identifies the code that is running; checkpoints record it, and a task resumed
 # by another deployment goes through resume validation first.
 DEPLOYMENT_ID = env.str("DEPLOYMENT_ID", default="dev")
@@ -275,6 +285,22 @@ UNKNOWN_OUTCOME_ESCALATE_AFTER = env.float("UNKNOWN_OUTCOME_ESCALATE_AFTER", def
 # A runnable task nobody has leased, or a wait past its deadline, for this long is "stuck".
 STUCK_AFTER = env.float("STUCK_AFTER", default=120.0)
 
+# Metrics at /metrics (config/metrics.py): served to a bearer METRICS_TOKEN, or without one to the
+# networks in METRICS_ALLOW_IPS (loopback by default; empty: the token only). The gauges read from
+# the database are read again at most every METRICS_CACHE_SECONDS.
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
+METRICS_ALLOW_IPS = env.list("METRICS_ALLOW_IPS", default=["127.0.0.1/32", "::1/128"])
+for _cidr in METRICS_ALLOW_IPS:
+    try:
+        ipaddress.ip_network(_cidr, strict=False)
+    except ValueError as _exc:
+        raise ImproperlyConfigured(f"METRICS_ALLOW_IPS: {_exc}") from None
+METRICS_CACHE_SECONDS = env.float("METRICS_CACHE_SECONDS", default=15.0)
+# Alerts (runtime/alerts.py), beyond the stuck clauses above: a task quarantined, or with a cancel
+# requested and not confirmed, for longer than these many seconds is raised as an alert too.
+ALERT_QUARANTINE_AFTER = env.float("ALERT_QUARANTINE_AFTER", default=3600.0)
+ALERT_CANCEL_AFTER = env.float("ALERT_CANCEL_AFTER", default=300.0)
+
 
 # Celery: the doorbell. Unset, an embedded filesystem broker under var/broker.
 BROKER_DIR = Path(env.str("BROKER_DIR", default=str(VAR_DIR / "broker")))
@@ -325,6 +351,13 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Signed chain heads written outside the database (audit.anchor; README, "Tamper evidence").
     "audit-anchor": {"task": "audit.anchor", "schedule": env.float("AUDIT_ANCHOR_INTERVAL", default=3600.0)},
+    # Raise and clear alerts for tasks with no valid next event coming (runtime/alerts.py).
+    "alerts-scan": {
+        "task": "runtime.alerts_scan",
+        "schedule": env.float("ALERT_SCAN_INTERVAL", default=30.0),
+    },
+    # Archive and delete ended tasks by their tenants' policies (tasks/retention.py), daily.
+    "retention": {"task": "tasks.retention", "schedule": env.float("RETENTION_INTERVAL", default=86400.0)},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = env.str(
     "CELERY_BEAT_SCHEDULE_FILENAME", default=str(VAR_DIR / "celerybeat-schedule")
@@ -387,11 +420,21 @@ CONTENT_SECURITY_POLICY = {
     },
 }
 
+LOG_FORMAT = env.str("LOG_FORMAT", default="console")  # json | console (key=value lines for people)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     # Every line is redacted (URL credentials, tokens, secrets, sensitive fields) before it is written.
     "filters": {"redact": {"()": "audit.redaction.RedactingFilter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["redact"]}},
+    # structlog renders every line, the project's and the libraries', with its extra= fields and the
+    # task/trace context (config/logging.py): JSON lines with LOG_FORMAT=json, key=value text otherwise.
+    "formatters": {"structured": {"()": "config.logging.formatter", "log_format": LOG_FORMAT}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "filters": ["redact"], "formatter": "structured"}
+    },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
 }
+# A Celery worker keeps the handler above instead of installing its own: its lines are structured too.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# The task page links to its traces when set, e.g. https://tempo.example/trace/{trace_id} (config/otel.py).
+TRACE_URL_TEMPLATE = env.str("TRACE_URL_TEMPLATE", default="")

@@ -5,6 +5,8 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
+from config import metrics
+
 urlpatterns = [
     path("", RedirectView.as_view(url="/console/", permanent=False)),
     path("admin/", admin.site.urls),
@@ -13,6 +15,9 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/", include("api.urls")),
     path("console/", include("console.urls")),
+    # Prometheus scrapes (a token or an allowed network: config/metrics.py). /healthz and /readyz are
+    # answered by config.health.HealthMiddleware before the URL conf.
+    path("metrics", metrics.metrics_view, name="metrics"),
 ]
 
 # The console's 403 page, recorded in the access log (API refusals are recorded by api.errors).

@@ -32,8 +32,8 @@ ACTIONS = (
 # What pressing "release" does (quarantined -> resume_validation), from
 # runtime.validation and the checkpoint load before it, in the order they run.
 RELEASE_CHECKS = (
-    "the checkpoint is read again (one the running code still cannot read is quarantined again, "
-    "with the same reason)",
+    "the checkpoint is read again, its sealed fields opened with the keys in FIELD_ENCRYPTION_KEYS "
+    "(one the running code still cannot read is quarantined again, with the same reason)",
     "the task's deadline (passed: expired)",
     "the checkpoint's step still exists in the task type (else quarantined)",
     "the owner still operates the tenant, and an approval's approver still holds the role "
@@ -54,6 +54,13 @@ BEFORE_RELEASE = {
     "checkpoint_codec_mismatch": "Stored under a codec this code does not read: deploy it first.",
     "checkpoint_schema_mismatch": "The body and its recorded schema disagree: repair it first.",
     "checkpoint_too_large": "The checkpoint exceeds the size limit: release re-reads it unchanged.",
+    "checkpoint_undecryptable": "A sealed field cannot be opened (the reason names the field and the key "
+    "id): if its key was retired, put it back in FIELD_ENCRYPTION_KEYS (after the current key) and "
+    "restart the workers, then retry migration, which releases only once the checkpoint opens. A token "
+    "that was altered or moved, or a value erased by retention, no key opens: cancel the task.",
+    "event_undecryptable": "A sealed value of the external event the task waits on cannot be opened: put "
+    "its retired key back in FIELD_ENCRYPTION_KEYS (after the current key), restart the workers, then "
+    "release.",
     "step_error": "A step raised: release once the fix is deployed; it resumes at the same step.",
     "evidence_unstorable": "The outside record cannot be stored as it is: fix it at the source first.",
     "evidence_missing": "The evidence record vanished: restore it, or cancel the task.",

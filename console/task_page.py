@@ -39,7 +39,7 @@ from console.forms import DESTRUCTIVE, AnswerForm, ControlForm, RerunForm, Revea
 from console.quarantine import BEFORE_RELEASE
 from ledger.models import Action
 from runtime import controls
-from tasks import checkpoints, registry, reveal, sealing, selectors, services
+from tasks import checkpoints, registry, retention, reveal, sealing, selectors, services
 from tasks.checkpoints import CheckpointUnreadable
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import Checkpoint, Lease, Task
@@ -227,7 +227,7 @@ def _with_recorded_digest(rows: Any) -> Any:
 
 def _shown(row: Any, task_type: str) -> Shown:
     try:
-        document = checkpoints.decode_stored(row, recorded_digest=row.recorded_digest)
+        document = retention.read_for_review(row, recorded_digest=row.recorded_digest)
     except CheckpointUnreadable as exc:
         stored = f"schema {row.schema_version} · codec {row.codec}\n{row.body[:STORED_SHOWN]}"
         return Shown(
@@ -592,9 +592,25 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         "actions_cap": ACTIONS_SHOWN,
         "approvals": ApprovalRequest.objects.filter(task=task).order_by("-created_at")[:APPROVALS_SHOWN],
         "takeovers": LeaseTakeover.objects.filter(task=task).order_by("-taken_at")[:TAKEOVERS_SHOWN],
+        "trace_links": _trace_links(task, latest),
         **checkpoint_context,
         **_timeline(task, request.GET),
     }
+
+
+def _trace_links(task: Task, latest: TransitionEvent | None) -> list[tuple[str, str]]:
+    """(label, URL) of the task's traces in the tracing UI, when ``TRACE_URL_TEMPLATE`` names one:
+    the trace that created it (its first worker run continues it) and the latest transition's."""
+    template = settings.TRACE_URL_TEMPLATE
+    if not template:
+        return []
+    events = TransitionEvent.objects.filter(task=task, state_version=1).values_list("trace_id", flat=True)
+    created = events.first() or ""
+    links: dict[str, str] = {}  # trace id -> label: a trace shown once, under its first label
+    for label, trace_id in (("created", created), ("latest transition", latest.trace_id if latest else "")):
+        if trace_id:
+            links.setdefault(trace_id, label)
+    return [(label, template.replace("{trace_id}", trace_id)) for trace_id, label in links.items()]
 
 
 def _masked_json(value: Any) -> str:

@@ -1,6 +1,18 @@
 from django.urls import path
 
-from console import access_log, audit, bulk, preferences, quarantine, saved_views, task_page, views
+from console import (
+    access_log,
+    alerts,
+    audit,
+    bulk,
+    dashboard,
+    legal_hold,
+    preferences,
+    quarantine,
+    saved_views,
+    task_page,
+    views,
+)
 from console import queue as queue_export
 
 app_name = "console"
@@ -12,6 +24,7 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/answer/", task_page.task_answer, name="task-answer"),
     path("tasks/<uuid:task_id>/rerun/", task_page.task_rerun, name="task-rerun"),
     path("tasks/<uuid:task_id>/reveal/", task_page.task_reveal, name="task-reveal"),
+    path("tasks/<uuid:task_id>/legal-hold/", legal_hold.task_legal_hold, name="task-legal-hold"),
     path("tasks/<uuid:task_id>/<slug:control>/", task_page.task_control, name="task-control"),
     path("start/", views.landing, name="landing"),
     path("approvals/", views.approval_inbox, name="approvals"),
@@ -22,6 +35,7 @@ urlpatterns = [
     path("audit/tasks/<uuid:task_id>/", audit.task_history, name="audit-task"),
     path("audit/tasks/<uuid:task_id>/export.<str:fmt>", audit.task_export, name="audit-task-export"),
     path("quarantine/", quarantine.triage, name="quarantine"),
+    path("dashboard/", dashboard.dashboard, name="dashboard"),
     path("theme/", preferences.theme, name="theme"),
     path("export.csv", queue_export.export_csv, name="queue-export"),
     path("views/", saved_views.save, name="saved-view-save"),
@@ -30,4 +44,7 @@ urlpatterns = [
     path("bulk/new/", bulk.preview, name="bulk-preview"),
     path("bulk/<uuid:operation_id>/", bulk.report, name="bulk-report"),
     path("access/", access_log.access_events, name="access"),
+    path("alerts/", alerts.alert_list, name="alerts"),
+    path("alerts/<int:alert_id>/acknowledge/", alerts.alert_acknowledge, name="alert-acknowledge"),
+    path("alerts/<int:alert_id>/snooze/", alerts.alert_snooze, name="alert-snooze"),
 ]

@@ -14,14 +14,20 @@
    until the reconciler has looked it up and found it absent.
 A process that dies (or freezes) between 1 and 3 leaves the action
 ``dispatching``: in doubt, and settled by the reconciler exactly like ``unknown``.
+
+Each claim-and-send is a span, ``action.dispatch``: the connector, a hash of the
+idempotency key and the state the action ended in; never the effect.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from opentelemetry import trace
 
 from audit.redaction import redact
 from ledger import connectors
@@ -29,12 +35,13 @@ from ledger.connectors.base import OutcomeUnknown, Rejected
 from ledger.models import SENDABLE, Action, DispatchState
 from ledger.services import action_move
 from runtime import chaos, db
-from tasks import leases, sealing
+from tasks import leases, metrics, sealing
 from tasks.exceptions import LeaseLost
 from tasks.leases import Held
 from tasks.models import Lease
 
 log = logging.getLogger(__name__)
+tracer = trace.get_tracer(__name__)
 # The longest a worker may take from its claim to starting the send. The
 # reconciler trusts "absent" only CONNECTOR_MAX_IN_FLIGHT after the claim, which
 # must exceed this plus the connector's timeout plus the system's own latency.
@@ -131,6 +138,7 @@ def send(claimed: Claimed) -> Action:
             "outcome": {"status": outcome.status, "record_version": outcome.record_version, **outcome.detail},
             "duplicates_suppressed": action.duplicates_suppressed + int(outcome.replayed),
         }
+        metrics.duplicates_suppressed(action.connector, int(outcome.replayed))
     # Not live: an answer that took longer than the lease is still ours to record
     # as long as nobody claimed the task since (the token is unchanged).
     recorded = action_move(
@@ -153,5 +161,23 @@ def send(claimed: Claimed) -> Action:
 
 def claim_and_send(action_id: int, *, lease: Held) -> Action:
     """Send the action if this worker can claim it; either way return its current row."""
-    claimed = claim(action_id, lease=lease)
-    return send(claimed) if claimed is not None else Action.objects.get(pk=action_id)
+    with tracer.start_as_current_span("action.dispatch") as span:
+        claimed = claim(action_id, lease=lease)
+        action = send(claimed) if claimed is not None else Action.objects.get(pk=action_id)
+        if span.is_recording():
+            span.set_attributes({**action_attributes(action), "durable.action.sent": claimed is not None})
+        return action
+
+
+def action_attributes(action: Action) -> dict[str, Any]:
+    """What a span may say about an action: which, where, how far. Not its effect, not its key
+    (a hash of it: enough to match spans, nothing to replay)."""
+    return {
+        "durable.task.id": str(action.task_id),
+        "durable.action.id": action.pk,
+        "durable.action.step": action.step,
+        "durable.action.connector": action.connector,
+        "durable.action.key_hash": hashlib.sha256(action.idempotency_key.encode()).hexdigest()[:16],
+        "durable.action.attempts": action.attempts,
+        "durable.action.state": str(action.dispatch_state),
+    }

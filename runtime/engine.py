@@ -22,7 +22,7 @@ from audit.models import TransitionEvent
 from ledger.models import IN_DOUBT, SENDABLE, SETTLED_FAILED, SETTLED_OK, Action
 from runtime import db, dispatch, evidence, llm, reconcile, validation
 from runtime.llm import Model, ModelUnavailable
-from tasks import registry
+from tasks import registry, sealing, services
 from tasks.checkpoints import Checkpoint, EvidenceRef, Progress, ToolCallRecord, as_fact
 from tasks.decisions import Decision, quarantine, retry_later
 from tasks.exceptions import StaleVersion
@@ -152,7 +152,11 @@ def _run_step(
             )
             if early is not None:
                 # Checked when it arrived (api.views.tasks), stored as jsonb since: as_fact cannot refuse it.
-                facts[step.fact] = as_fact(early.payload.get(step.value))
+                try:
+                    payload = services.event_payload(early)  # its sensitive values are stored sealed
+                except sealing.Unopenable as exc:
+                    return quarantine(progress, "event_undecryptable", str(exc))
+                facts[step.fact] = as_fact(payload.get(step.value))
                 return _advance_to(
                     progress,
                     step.next,
@@ -173,7 +177,7 @@ def _run_step(
         case registry.Dispatch():
             return _dispatch(task, kind, step, progress, facts, lease)
         case registry.Complete():
-            outcome = {name: facts.get(name) for name in step.outcome}
+            outcome = services.seal_outcome(task, {name: facts.get(name) for name in step.outcome})
             return Decision(State.COMPLETED, Trigger.COMPLETE, progress, changes={"outcome": outcome})
         case registry.Fail():
             return Decision(

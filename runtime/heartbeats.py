@@ -24,7 +24,7 @@ from uuid import UUID
 from django.db import connections
 
 from runtime.reconnect import CONNECTION_LOST, drop_connections
-from tasks import leases, liveness
+from tasks import leases, liveness, metrics
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class Heartbeats:
         with self._lock:
             held = list(self._held.values())
         gone = leases.heartbeat_all(held, ttl=self.ttl)
+        metrics.heartbeat(held, gone)  # durable_worker_heartbeats, durable_leases_lost
         if gone:
             with self._lock:
                 # Only those still in hand: one released meanwhile was not lost, and is not kept.

@@ -16,10 +16,15 @@ gave cleanly. The step retries the turn later, like any transient failure.
 The endpoint's key (``MODEL_API_KEY``) travels as a bearer header, never in
 ``MODEL_URL`` (a URL with user-info is refused). A failure's message becomes a
 task's audit reason, so it is redacted (``audit.redaction``) before it leaves here.
+
+Each turn is a span following the OpenTelemetry GenAI conventions (``chat <model>``:
+the operation, the model asked and the one that answered, the tokens when the endpoint
+counts them). Never the instructions, the facts or the answer: spans leave the process.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -29,11 +34,14 @@ from typing import Any, Protocol
 
 import httpx
 from django.conf import settings
+from opentelemetry import trace
 
 from audit.redaction import redact
 from config.external import has_userinfo
 from tasks import registry, values
 from tasks.checkpoints import MAX_FACT_LENGTH
+
+tracer = trace.get_tracer(__name__)
 
 
 class ModelUnavailable(Exception):
@@ -48,6 +56,8 @@ class ModelOutputInvalid(Exception):
 class Reply:
     text: str
     model_id: str
+    input_tokens: int | None = None  # as the endpoint counted them, when it does
+    output_tokens: int | None = None
 
 
 def accepted(reply: Reply) -> Reply:
@@ -70,6 +80,41 @@ class Model(Protocol):
 
 
 Script = Callable[[Mapping[str, Any]], str]
+Complete = Callable[..., Reply]
+
+
+def _model_turn(provider: str) -> Callable[[Complete], Complete]:
+    """Wrap a ``complete`` method in its GenAI span (see the module's docstring)."""
+
+    def wrap(complete: Complete) -> Complete:
+        @functools.wraps(complete)
+        def traced(self: Any, *, prompt_id: str, system: str, facts: Mapping[str, Any]) -> Reply:
+            requested = getattr(self, "model", "") or self.model_id
+            attributes = {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": provider,
+                "gen_ai.request.model": requested,
+                "durable.prompt_id": prompt_id,
+            }
+            with tracer.start_as_current_span(
+                f"chat {requested}", kind=trace.SpanKind.CLIENT, attributes=attributes
+            ) as span:
+                try:
+                    reply = complete(self, prompt_id=prompt_id, system=system, facts=facts)
+                except Exception as exc:
+                    span.set_attribute("error.type", type(exc).__name__)
+                    raise
+                if span.is_recording():
+                    span.set_attribute("gen_ai.response.model", reply.model_id)
+                    if reply.input_tokens is not None:
+                        span.set_attribute("gen_ai.usage.input_tokens", reply.input_tokens)
+                    if reply.output_tokens is not None:
+                        span.set_attribute("gen_ai.usage.output_tokens", reply.output_tokens)
+                return reply
+
+        return traced
+
+    return wrap
 
 
 class ScriptedModel:
@@ -78,11 +123,14 @@ class ScriptedModel:
     model_id = "scripted-v1"
 
     def __init__(self, scripts: Mapping[str, Script] | None = None, *, latency: float = 0.0):
-        self.scripts = dict(registry.scripts() if scripts is None else scripts)
+        # None: the registry's scripts, read at each turn, so a task type registered after this model
+        # was made (the process's model is made once) is answered too.
+        self._scripts = None if scripts is None else dict(scripts)
         self.latency = latency  # seconds each answer takes, like a real model's turn
 
+    @_model_turn("scripted")
     def complete(self, *, prompt_id: str, system: str, facts: Mapping[str, Any]) -> Reply:
-        script = self.scripts.get(prompt_id)
+        script = (registry.scripts() if self._scripts is None else self._scripts).get(prompt_id)
         if script is None:
             raise ModelUnavailable(f"scripted model has no script for prompt {prompt_id!r}")
         if self.latency:
@@ -110,6 +158,7 @@ class OpenAICompatibleModel:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(timeout=timeout, headers=headers, transport=transport)
 
+    @_model_turn("openai")
     def complete(self, *, prompt_id: str, system: str, facts: Mapping[str, Any]) -> Reply:
         body = {
             "model": self.model,
@@ -138,7 +187,18 @@ class OpenAICompatibleModel:
             raise ModelUnavailable(redact(values.printable(failure))) from None
         if not isinstance(text, str):
             raise ModelUnavailable("model reply has no text content")
-        return Reply(text.strip(), f"openai-compatible:{payload.get('model', self.model)}")
+        usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+        return Reply(
+            text.strip(),
+            f"openai-compatible:{payload.get('model', self.model)}",
+            input_tokens=_count(usage.get("prompt_tokens")),
+            output_tokens=_count(usage.get("completion_tokens")),
+        )
+
+
+def _count(value: Any) -> int | None:
+    """A token count as reported, or None when the endpoint reported none (or nonsense)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 @cache

@@ -31,6 +31,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+import structlog
 from django.db import connections
 
 from runtime import reconnect, runner
@@ -110,6 +111,9 @@ class Loop:
 
     def _slot(self, lease: leases.Held, beats: Heartbeats) -> str:
         """Run one claimed task in this slot's thread; a lost database is waited out here, for it only."""
+        # A pool thread's log context outlives the work it ran: this slot's lines name its task only.
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(task_id=str(lease.task_id), worker_id=self.worker_id)
         try:
             return runner.run_task(
                 lease.task_id, worker_id=self.worker_id, region=self.region, ttl=self.ttl,
@@ -125,6 +129,7 @@ class Loop:
             return "lease_released"  # recover gave it back: any worker (this one too) claims it anew
         finally:
             connections.close_all()  # back to the pool (or closed): a slot keeps no connection between tasks
+            structlog.contextvars.clear_contextvars()
 
     def _reap(self, finished: set[Future[str]]) -> None:
         for future in finished:

@@ -91,3 +91,90 @@ class BulkResult(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id} v{self.expected_version}: {self.outcome}"
+
+
+class AlertKind(models.TextChoices):
+    """Why nobody will move a task unless someone looks (each has a classifier in ``runtime.alerts``)."""
+
+    NO_LIVE_LEASE = "no_live_lease", "runnable, no worker holds it"
+    WAIT_PAST_DEADLINE = "wait_past_deadline", "wait past its deadline"
+    UNKNOWN_OUTCOME_OVERDUE = "unknown_outcome_overdue", "outcome unknown too long"
+    QUARANTINE_OVERDUE = "quarantine_overdue", "quarantined too long"
+    CANCEL_UNCONFIRMED = "cancel_unconfirmed", "cancel not confirmed"
+
+
+class Alert(models.Model):
+    """One raised alert: a task (or, later, something else of a tenant) with no valid next event coming.
+
+    ``runtime.alerts.scan`` writes and clears these; people only acknowledge and
+    snooze them (each an ``AlertNote``). An alert stays open until the scan finds
+    the task moved on (a transition other than an escalation since
+    ``state_version``) or the condition gone; then ``cleared_at`` is set and a
+    later recurrence is a new alert.
+    """
+
+    id = models.BigAutoField(primary_key=True)  # raised by INSERT … SELECT: ids come from the database
+    tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.PROTECT, related_name="+")
+    task = models.ForeignKey(
+        "tasks.Task", null=True, blank=True, on_delete=models.CASCADE, related_name="alerts"
+    )
+    kind = models.CharField(max_length=32, choices=AlertKind.choices)
+    cause = models.TextField()  # in words, for the person who reads it
+    raised_at = models.DateTimeField()
+    cleared_at = models.DateTimeField(null=True, blank=True)
+    state_version = models.PositiveIntegerField(null=True, blank=True)  # the task's, when raised
+    # The first acknowledgement; every later one is an AlertNote too.
+    acknowledged_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    acknowledged_by_name = models.CharField(max_length=150, blank=True, default="")  # outlives the account
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledgement_note = models.TextField(blank=True, default="")
+    snoozed_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # Raised once: the scan's INSERT … ON CONFLICT DO NOTHING leans on this, and its
+            # "no open alert yet" anti-join and the clearing probe read it.
+            models.UniqueConstraint(
+                fields=["task", "kind"], condition=Q(cleared_at__isnull=True), name="alert_one_open_per_kind"
+            ),
+            models.CheckConstraint(condition=Q(kind__in=AlertKind.values), name="alert_kind_known"),
+        ]
+        indexes = [
+            # GET /api/alerts/ and /console/alerts/: a tenant's alerts newest first (keyset on id).
+            models.Index(fields=["tenant", "-id"], name="alert_tenant_id"),
+            # The navigation badge and the "open" filter: only open alerts, a small part of the table.
+            models.Index(fields=["tenant", "-id"], condition=Q(cleared_at__isnull=True), name="alert_open"),
+        ]
+
+    def __str__(self) -> str:
+        status = "open" if self.cleared_at is None else "cleared"
+        return f"{self.kind} {self.task_id} v{self.state_version} ({status})"
+
+
+class AlertNote(models.Model):
+    """What a person did about an alert: acknowledged it, or snoozed it until a time. Append-only.
+
+    The audit record of alert handling (on PostgreSQL the table refuses UPDATE and
+    DELETE, runtime migration 0003): every acknowledgement and snooze with who,
+    when and the note, even when the alert already carried an earlier one.
+    """
+
+    class Kind(models.TextChoices):
+        ACKNOWLEDGE = "acknowledge"
+        SNOOZE = "snooze"
+
+    alert = models.ForeignKey(Alert, on_delete=models.CASCADE, related_name="notes")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    by_name = models.CharField(max_length=150)  # kept as text: the record outlives the account
+    at = models.DateTimeField()
+    note = models.TextField(blank=True, default="")
+    snoozed_until = models.DateTimeField(null=True, blank=True)  # snooze only
+
+    class Meta:
+        indexes = [models.Index(fields=["alert", "at"], name="alertnote_alert_at")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} of alert {self.alert_id} by {self.by_name}"

@@ -32,6 +32,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
+from opentelemetry import trace
 
 from audit.redaction import redact
 from ledger import connectors
@@ -39,6 +40,8 @@ from ledger.connectors.base import Outcome, OutcomeUnknown
 from ledger.models import IN_DOUBT, Action, DispatchState
 from ledger.services import action_move
 from runtime import chaos
+from runtime.dispatch import action_attributes
+from tasks import metrics
 from tasks import services as task_services
 from tasks.checkpoints import Progress
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
@@ -49,6 +52,7 @@ from tasks.transitions import Actor, advance
 log = logging.getLogger(__name__)
 BATCH = 200
 RECONCILER = Actor.system("reconciler")
+tracer = trace.get_tracer(__name__)
 
 
 def _seconds(name: str) -> timedelta:
@@ -84,11 +88,23 @@ def reconcile_action(action: Action, *, force: bool = False) -> Action:
     asked_at = timezone.now()
     if not force and action.checked_at and asked_at - action.checked_at < _seconds("LEDGER_LOOKUP_INTERVAL"):
         return action
+    # One span per lookup made: its result is the state the action was settled in, or still in doubt.
+    with tracer.start_as_current_span("action.reconcile") as span:
+        looked = _look_up(action, asked_at)
+        if span.is_recording():
+            result = "in_doubt" if looked.dispatch_state in IN_DOUBT else str(looked.dispatch_state)
+            span.set_attributes({**action_attributes(looked), "durable.reconcile.result": result})
+        return looked
+
+
+def _look_up(action: Action, asked_at: datetime) -> Action:
+    """Ask the action's system about it and record the answer (``reconcile_action``)."""
     guard = {"pk": action.pk, "dispatch_state": action.dispatch_state, "attempts": action.attempts}
     try:
         found = connectors.get(action.connector).lookup(action.idempotency_key)
     except OutcomeUnknown as exc:
         Action.objects.filter(**guard).update(last_error=redact(str(exc))[:2000], checked_at=asked_at)
+        metrics.reconciled("no_answer")
         return Action.objects.get(pk=action.pk)
     target: DispatchState
     fields: dict[str, Any]
@@ -97,13 +113,15 @@ def reconcile_action(action: Action, *, force: bool = False) -> Action:
         if asked_at < landing:
             note = f"not found yet; trusted as absent from {landing:%Y-%m-%d %H:%M:%S} UTC"
             Action.objects.filter(**guard).update(last_error=note, checked_at=asked_at)
+            metrics.reconciled("not_yet")
             return Action.objects.get(pk=action.pk)
         target, fields = DispatchState.RECONCILED_ABSENT, {}
     else:
         target, fields = _found(found)
-    action_move(
+    if action_move(
         action.pk, action.dispatch_state, target, attempts=action.attempts, checked_at=asked_at, **fields
-    )
+    ):
+        metrics.reconciled(target, unknown_since=action.unknown_since or action.dispatched_at, at=asked_at)
     return Action.objects.get(pk=action.pk)
 
 

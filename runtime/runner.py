@@ -18,18 +18,33 @@ Between steps the lease is checked: with ``heartbeats`` (``runtime.heartbeats``,
 worker loop's one thread that extends every in-flight lease) by looking at what its
 last beat found, without a round trip; without it, by a heartbeat of its own. A
 worker that is draining (``stopping()``) stops between steps and gives the lease back.
+
+Telemetry: a run is one span, ``task.run``, opened at the first step (it needs the
+checkpoint): it continues the trace of the request that made the task runnable, whose
+W3C ``traceparent`` that request's transition wrote into the checkpoint (``trace_link``).
+As a child when the run follows that transition closely (``CONTINUE_TRACE_WITHIN``); when
+it does not (a task woken by the sweep after a backoff, a region without workers for
+days), under whatever trace is current (none in the worker loop: a new one; under Celery,
+the doorbell's) with a span link to it: a parent that ended days ago would stretch one
+trace over days, which trace stores and tail samplers treat as lost pieces. Every line
+logged meanwhile carries the task, the worker, the version and the tenant (bound with
+``structlog.contextvars``, per thread) and the run's trace id.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
 from datetime import timedelta
 from typing import TYPE_CHECKING
 from uuid import UUID
 
+import structlog
 from django.db import DatabaseError, DataError, IntegrityError
 from django.utils import timezone
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from audit.redaction import redact
 from runtime import chaos, engine
@@ -38,7 +53,7 @@ from tasks import checkpoints, decisions, leases, services, values
 from tasks.exceptions import StaleVersion, TransitionError
 from tasks.models import Task
 from tasks.states import RUNNABLE, State, Trigger
-from tasks.transitions import Actor, advance
+from tasks.transitions import Actor, advance, span_attributes
 
 if TYPE_CHECKING:
     from runtime.heartbeats import Heartbeats
@@ -48,6 +63,49 @@ MAX_STEPS = 50  # bounded work per claim; the sweep hands the task out again
 # A task with nothing to decide yet (a cancel waiting for an effect that may still
 # land) is left alone this long rather than claimed again at once, in a tight loop.
 DEFERRED_HOLD = timedelta(seconds=2)
+# A run this soon after the transition that made its task runnable is part of that transition's trace.
+CONTINUE_TRACE_WITHIN = timedelta(minutes=10)
+tracer = trace.get_tracer(__name__)
+
+
+class _RunTrace:
+    """The run's span and log context, opened at its first step and closed with ``scope``."""
+
+    def __init__(self, scope: ExitStack, worker_id: str) -> None:
+        self.scope, self.worker_id = scope, worker_id
+        self.span: trace.Span | None = None
+
+    def step(self, task: Task, checkpoint: checkpoints.Checkpoint) -> None:
+        if self.span is None:
+            self.span = self.scope.enter_context(self._open(task, checkpoint))
+            self.scope.callback(structlog.contextvars.unbind_contextvars, "state_version", "tenant")
+        structlog.contextvars.bind_contextvars(state_version=task.state_version, tenant=task.tenant_id)
+
+    def _open(self, task: Task, checkpoint: checkpoints.Checkpoint) -> AbstractContextManager[trace.Span]:
+        attributes = {**span_attributes(task), "durable.worker.id": self.worker_id}
+        origin = _origin(checkpoint.trace_link)
+        if origin is None:
+            return tracer.start_as_current_span("task.run", attributes=attributes)
+        follows = checkpoint.state_version == task.state_version and (
+            timezone.now() - task.updated_at <= CONTINUE_TRACE_WITHIN
+        )
+        if follows:
+            parent = trace.set_span_in_context(trace.NonRecordingSpan(origin))
+            return tracer.start_as_current_span("task.run", context=parent, attributes=attributes)
+        return tracer.start_as_current_span("task.run", links=[trace.Link(origin)], attributes=attributes)
+
+    def finish(self, outcome: str) -> None:
+        if self.span is not None and self.span.is_recording():
+            self.span.set_attribute("durable.run.outcome", outcome)
+
+
+def _origin(traceparent: str) -> trace.SpanContext | None:
+    """The span a W3C ``traceparent`` names, or None for a blank or malformed one."""
+    if not traceparent:
+        return None
+    context = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+    span_context = trace.get_current_span(context).get_span_context()
+    return span_context if span_context.is_valid else None
 
 
 def run_task(
@@ -62,6 +120,31 @@ def run_task(
     stopping: Callable[[], bool] = lambda: False,
 ) -> str:
     """Run a task's steps until it waits or ends; return what stopped the loop."""
+    with ExitStack() as scope:
+        scope.enter_context(
+            structlog.contextvars.bound_contextvars(task_id=str(task_id), worker_id=worker_id)
+        )
+        traced = _RunTrace(scope, worker_id)
+        outcome = _run_task(
+            task_id, worker_id=worker_id, region=region, model=model, ttl=ttl, held=held,
+            heartbeats=heartbeats, stopping=stopping, traced=traced,
+        )  # fmt: skip
+        traced.finish(outcome)
+        return outcome
+
+
+def _run_task(
+    task_id: UUID | str,
+    *,
+    worker_id: str,
+    region: str,
+    model: Model | None = None,
+    ttl: timedelta = leases.DEFAULT_TTL,
+    held: leases.Held | None = None,
+    heartbeats: Heartbeats | None = None,
+    stopping: Callable[[], bool] = lambda: False,
+    traced: _RunTrace,
+) -> str:
     lease = held or leases.claim(task_id, worker_id=worker_id, region=region, ttl=ttl)
     if lease is None:
         return "not_claimed"
@@ -86,6 +169,7 @@ def run_task(
             task, checkpoint = point.task, point.checkpoint
             if checkpoint is None or task.state not in RUNNABLE:  # None: quarantined instead
                 return task.state
+            traced.step(task, checkpoint)
             decision = engine.decide(task, checkpoint, model=model, now=timezone.now(), lease=lease)
             if decision is None:
                 hold = DEFERRED_HOLD

@@ -16,25 +16,46 @@ Checked in order, the first failing check deciding the outcome:
 (The checkpoint schema was checked before: an unreadable checkpoint never
 reaches here.) The outcome is the transition's trigger (``proceed``,
 ``refresh``, ``replan``, ``expire``, ``quarantine``) and its reason lists what
-was found, so every resume leaves an audited verdict.
+was found, so every resume leaves an audited verdict. Each validation is a span,
+``task.resume_validation``, whose ``durable.validation.verdict`` is that trigger.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
+from opentelemetry import trace
+
 from approvals import services as approvals
 from runtime import evidence
-from tasks import registry
+from tasks import metrics, registry
 from tasks.checkpoints import Checkpoint
 from tasks.decisions import Decision, quarantine, retry_later
 from tasks.models import Policy, RuntimeConfig, Task
 from tasks.states import State, Trigger
+from tasks.transitions import span_attributes
 from tenancy.models import Role
 from tenancy.selectors import has_role
 
+tracer = trace.get_tracer(__name__)
 
+
+@metrics.records_verdict  # durable_resume_validations, by verdict and reason code
 def validate(task: Task, checkpoint: Checkpoint, kind: registry.TaskType, now: datetime) -> Decision:
+    with tracer.start_as_current_span("task.resume_validation") as span:
+        decision = _verdict(task, checkpoint, kind, now)
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    **span_attributes(task),
+                    "durable.validation.verdict": str(decision.trigger),
+                    "durable.validation.reason_code": decision.reason_code,
+                }
+            )
+        return decision
+
+
+def _verdict(task: Task, checkpoint: Checkpoint, kind: registry.TaskType, now: datetime) -> Decision:
     progress = checkpoint.progress
     if task.deadline is not None and now >= task.deadline:
         return Decision(

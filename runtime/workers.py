@@ -22,7 +22,7 @@ from celery.worker.request import Request
 from django.conf import settings
 from django.db import DatabaseError
 
-from runtime import bulk, heartbeats, reconcile, reconnect, runner, sweep
+from runtime import alerts, bulk, heartbeats, reconcile, reconnect, runner, sweep
 from tasks import doorbell, leases, liveness
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,12 @@ def sweep_task() -> dict[str, int]:
 @shared_task(name="ledger.reconcile_unknown")
 def reconcile_unknown() -> int:
     return reconcile.reconcile_unknown()
+
+
+@shared_task(name="runtime.alerts_scan")
+def alerts_scan() -> dict[str, int]:
+    """Raise and clear alerts (``runtime.alerts.scan``); a lost tick is made up by the next one."""
+    return alerts.scan().as_dict()
 
 
 @shared_task(name="runtime.bulk_run")

@@ -633,7 +633,7 @@ class Humans:
         from demo.sandbox.models import Fault
         from tasks.transitions import ActionIntent
 
-        effect = request.consequential["effect"]
+        effect = request.opened("consequential")["effect"]  # the card is stored sealed to the request
         intent = ActionIntent(step=request.action_step, connector="payments", effect=effect)
         key = intent.idempotency_key(task.id)
         Fault.objects.create(system="payments", operation="dispatch", kind="ambiguous", params={"key": key})

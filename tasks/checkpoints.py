@@ -43,7 +43,7 @@ from django.core.exceptions import ImproperlyConfigured
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from audit import canonical
-from tasks import sealing, values
+from tasks import metrics, sealing, values
 from tasks.states import State
 
 CURRENT_SCHEMA = 2
@@ -327,6 +327,7 @@ def migrate(document: dict[str, Any], version: int) -> dict[str, Any]:
                 CheckpointUnreadable.UNMIGRATABLE,
                 f"migration {version}->{version + 1} failed: {type(exc).__name__}: {exc}",
             ) from None
+        metrics.checkpoint_migrated(version)  # durable_checkpoint_migrations
         version += 1
         document["schema_version"] = version
     return document

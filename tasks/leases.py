@@ -16,6 +16,8 @@ compare-and-set is what keeps a claim single.
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -25,13 +27,15 @@ from django.db import connection, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
+from opentelemetry import trace
 
 from audit.models import LeaseTakeover
-from tasks import liveness
+from tasks import liveness, metrics
 from tasks.models import Lease, Task
 from tasks.states import RUNNABLE
 
 DEFAULT_TTL = timedelta(seconds=30)
+tracer = trace.get_tracer(__name__)
 
 
 @dataclass(frozen=True)
@@ -97,8 +101,9 @@ def _take(task_ids: list[UUID], worker_id: str, now: datetime, ttl: timedelta) -
     # each token is still the one read, and each moves on by exactly one.
     Lease.objects.filter(task_id__in=[lease.task_id for lease in taken]).update(token=F("token") + 1, **mine)
     held += [Held(lease.task_id, worker_id, lease.token + 1) for lease in taken]
+    transaction.on_commit(functools.partial(metrics.leases_taken, taken, worker_id, now))  # lapses counted
     # release() ends a lease with heartbeat_at == expires_at; a lapsed one was still due a heartbeat.
-    LeaseTakeover.objects.bulk_create(
+    takeovers = [
         LeaseTakeover(
             task_id=lease.task_id,
             worker_id=worker_id,
@@ -111,29 +116,49 @@ def _take(task_ids: list[UUID], worker_id: str, now: datetime, ttl: timedelta) -
         )
         for lease in taken
         if lease.worker_id != worker_id and lease.heartbeat_at < lease.expires_at
-    )
+    ]
+    if takeovers:
+        with tracer.start_as_current_span("lease.takeover") as span:
+            LeaseTakeover.objects.bulk_create(takeovers)
+            if span.is_recording():
+                span.set_attributes(
+                    {
+                        "durable.worker.id": worker_id,
+                        "durable.lease.count": len(takeovers),
+                        "durable.task.ids": [str(t.task_id) for t in takeovers],
+                        "durable.lease.previous_workers": sorted({t.previous_worker_id for t in takeovers}),
+                    }
+                )
     return held
+
+
+def _claimed(span: trace.Span, worker_id: str, region: str, held: list[Held]) -> None:
+    if span.is_recording():
+        span.set_attributes(
+            {"durable.worker.id": worker_id, "durable.region": region, "durable.lease.count": len(held)}
+        )
 
 
 def claim(task_id: UUID | str, *, worker_id: str, region: str, ttl: timedelta = DEFAULT_TTL) -> Held | None:
     """Claim one task if it is runnable in ``region`` and nobody holds a live lease."""
     now = timezone.now()
-    with transaction.atomic(durable=True):
-        task = (
-            Task.objects.select_for_update(skip_locked=True, of=("self",))
-            .filter(pk=task_id, state__in=RUNNABLE, region=region)
-            .only("id")
-            .first()
-        )
-        if task is None:
-            return None
-        held = _take([task.id], worker_id, now, ttl)
+    with tracer.start_as_current_span("lease.claim", attributes={"durable.task.id": str(task_id)}) as span:
+        with transaction.atomic(durable=True):
+            task = (
+                Task.objects.select_for_update(skip_locked=True, of=("self",))
+                .filter(pk=task_id, state__in=RUNNABLE, region=region)
+                .only("id")
+                .first()
+            )
+            held = _take([task.id], worker_id, now, ttl) if task is not None else []
+        _claimed(span, worker_id, region, held)
     return held[0] if held else None
 
 
 def claim_next(*, worker_id: str, region: str, limit: int = 1, ttl: timedelta = DEFAULT_TTL) -> list[Held]:
     """Claim up to ``limit`` runnable tasks of ``region`` without a live lease, oldest first."""
     now = timezone.now()
+    began = time.time_ns()
     with transaction.atomic(durable=True):
         candidates = list(
             Task.objects.select_for_update(skip_locked=True, of=("self",))
@@ -142,7 +167,13 @@ def claim_next(*, worker_id: str, region: str, limit: int = 1, ttl: timedelta = 
             .order_by("state_entered_at")
             .values_list("id", flat=True)[:limit]
         )
-        return _take(candidates, worker_id, now, ttl) if candidates else []
+        if not candidates:
+            return []  # no span: an idle worker asks twice a second, and nothing happened
+        # The span starts where the claim did (the query above is part of it).
+        with tracer.start_as_current_span("lease.claim", start_time=began) as span:
+            held = _take(candidates, worker_id, now, ttl)
+            _claimed(span, worker_id, region, held)
+        return held
 
 
 def fence(lease: Held, *, live: bool = True) -> Exists:
@@ -213,4 +244,8 @@ def release_abandoned(worker_id: str, *, task_id: UUID | str | None = None) -> i
     )
     if task_id is not None:
         abandoned = abandoned.filter(task_id=task_id)
-    return abandoned.update(expires_at=now)
+    with tracer.start_as_current_span("lease.expire") as span:
+        count = abandoned.update(expires_at=now)
+        if span.is_recording():
+            span.set_attributes({"durable.worker.id": worker_id, "durable.lease.count": count})
+    return count

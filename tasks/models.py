@@ -7,8 +7,9 @@ them. See DESIGN.md, "Task record" and "Checkpoint contract".
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 from tasks.ids import uuid7
 from tasks.states import RUNNABLE, WAITING, State
@@ -89,6 +90,14 @@ class Task(models.Model):
             # "in state over" filter. The search's trigram index lives in migration 0005 only
             # (PostgreSQL; an expression the SQLite demo cannot build).
             models.Index(fields=["tenant", "state_entered_at", "id"], name="task_tenant_entered"),
+            # Per-state reads ordered by age: the dashboard's and /metrics' age-in-state buckets and
+            # oldest waits, the alerts scan's quarantined / cancel_requested / outcome_unknown checks.
+            # One ordered range per state instead of a walk past every finished task.
+            models.Index(
+                fields=["tenant", "state", "state_entered_at"],
+                include=["task_type"],
+                name="task_tenant_state_entered",
+            ),
             # Workers' claim query: runnable tasks of a region, longest waiting first.
             models.Index(
                 fields=["region", "state_entered_at"],
@@ -240,3 +249,112 @@ class RuntimeConfig(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_type}: {self.model_id} / {self.prompt_id} / {self.toolset_id}"
+
+
+# --- retention (tasks.retention; README, "Retention") ---------------------------------------------
+
+
+class RetentionPolicy(models.Model):
+    """How long a tenant keeps its ended tasks of one type, or of every type (``task_type`` blank).
+
+    The most specific policy wins: the tenant's policy for the task's type, else its policy for
+    every type, else the defaults (``RETENTION_ARCHIVE_AFTER_DAYS``, ``RETENTION_DELETE_AFTER_DAYS``).
+    Days count from the moment the task ended; empty means never. A policy states both numbers.
+    """
+
+    tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.PROTECT, related_name="+")
+    task_type = models.CharField(
+        max_length=64, blank=True, default="", help_text="Blank: every type of the tenant without its own"
+    )
+    archive_after_days = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Erase sealed values this many days after the task ended; empty: never",
+    )
+    delete_after_days = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Delete the task (leaving a tombstone) this many days after it ended; empty: never",
+    )
+    changed_at = models.DateTimeField(auto_now=True)
+    changed_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        verbose_name_plural = "retention policies"
+        constraints = [
+            # tasks.retention.TenantRules reads a tenant's policies by this index.
+            models.UniqueConstraint(fields=["tenant", "task_type"], name="retention_policy_once"),
+            models.CheckConstraint(
+                condition=Q(archive_after_days__isnull=True) | Q(archive_after_days__gte=1),
+                name="retention_archive_days_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(delete_after_days__isnull=True) | Q(delete_after_days__gte=1),
+                name="retention_delete_days_positive",
+            ),
+            # Archiving after deleting would never happen: a policy saying so is a mistake.
+            models.CheckConstraint(
+                condition=Q(archive_after_days__isnull=True)
+                | Q(delete_after_days__isnull=True)
+                | Q(delete_after_days__gte=F("archive_after_days")),
+                name="retention_delete_not_before_archive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        archive = f"archive after {self.archive_after_days} d" if self.archive_after_days else "never archive"
+        delete = f"delete after {self.delete_after_days} d" if self.delete_after_days else "never delete"
+        return f"{self.tenant_id}/{self.task_type or '*'}: {archive}, {delete}"
+
+
+class LegalHold(models.Model):
+    """A legal hold on a task: while one is in force, retention neither archives nor deletes it.
+
+    One row per hold, kept when it is lifted: who placed it and why, who lifted it and why. The
+    rows are the record of every hold (shown on the task page and by the API); on PostgreSQL a
+    trigger (migration 0008) lets a row change only by being lifted, and leave only with its task
+    on the owner's retention path. Placed and lifted through ``tasks.retention.set_legal_hold``.
+    """
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="legal_holds")
+    placed_by = models.CharField(max_length=150)  # the user name, which outlives the account
+    reason = models.TextField()
+    placed_at = models.DateTimeField()
+    lifted_by = models.CharField(max_length=150, blank=True, default="")
+    lift_reason = models.TextField(blank=True, default="")
+    lifted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # At most one hold in force per task; also the index of retention's "no hold in force"
+            # anti-join and of set_legal_hold's lookup.
+            models.UniqueConstraint(
+                fields=["task"], condition=Q(lifted_at__isnull=True), name="legal_hold_one_in_force"
+            ),
+        ]
+        indexes = [
+            # The task page's and the API's history of a task's holds, newest first.
+            models.Index(fields=["task", "-placed_at"], name="legal_hold_task_placed"),
+        ]
+
+    def __str__(self) -> str:
+        lifted = f", lifted {self.lifted_at:%Y-%m-%d} by {self.lifted_by}" if self.lifted_at else ""
+        return f"hold on {self.task_id} by {self.placed_by}{lifted}"
+
+
+class Archive(models.Model):
+    """Retention archived this task: its sealed values erased, the evidence of what it did kept.
+
+    A row of its own rather than a column on ``Task``: every transition reads the task row, and
+    archiving happens once in a task's life, after its last transition.
+    """
+
+    task = models.OneToOneField(Task, primary_key=True, on_delete=models.CASCADE, related_name="archive")
+    archived_at = models.DateTimeField()
+    rule = models.CharField(max_length=200)  # the policy that made it due, in words
+    erased = models.PositiveIntegerField()  # sealed values erased across the task's rows
+
+    def __str__(self) -> str:
+        return f"{self.task_id} archived {self.archived_at:%Y-%m-%d} ({self.erased} values erased)"

@@ -40,19 +40,20 @@ def masked_facts(task_type: str, facts: dict[str, Any]) -> dict[str, Any]:
 
 
 def masked_input(task: Task) -> Any:
-    if not isinstance(task.input, dict):
-        return task.input
-    return sealing.masked(task.input, registry.sensitive_fields(task.task_type))
+    """The input with its sensitive fields masked: sealed ones (opened here only to show their tail),
+    and those of a row written before they were sealed."""
+    return sealing.masked_at(
+        task.input, sealing.task_place(task.id, "input"), registry.sensitive_fields(task.task_type)
+    )
 
 
 def masked_outcome(task: Task) -> Any:
     """The outcome with the sensitive facts a completed task reports masked. Only those: an outcome's
     other keys are the system's own words (``{"reason": "retries_exhausted"}`` is a code, not the
     customer's reason)."""
-    if not isinstance(task.outcome, dict) or task.task_type not in registry.names():
-        return task.outcome
-    kind = registry.get(task.task_type)
-    return sealing.masked(task.outcome, kind.sensitive & kind.outcome_fields)
+    return sealing.masked_at(
+        task.outcome, sealing.task_place(task.id, "outcome"), services.outcome_fields(task.task_type)
+    )
 
 
 def masked_names(task_type: str, mapping: Any, among: frozenset[str] | None = None) -> list[str]:
@@ -64,17 +65,14 @@ def masked_names(task_type: str, mapping: Any, among: frozenset[str] | None = No
 
 
 def outcome_masked_names(task: Task) -> list[str]:
-    if task.task_type not in registry.names():
-        return []
-    kind = registry.get(task.task_type)
-    return masked_names(task.task_type, task.outcome, kind.sensitive & kind.outcome_fields)
+    return masked_names(task.task_type, task.outcome, services.outcome_fields(task.task_type))
 
 
 # --- revealing one ---------------------------------------------------------------------------------
 
 
 class RevealRefused(Exception):
-    """Nothing to reveal; ``status`` is the HTTP answer that fits (400 or 404)."""
+    """Nothing to reveal; ``status`` is the HTTP answer that fits (400, 404 or 409)."""
 
     def __init__(self, message: str, *, code: str, status: int) -> None:
         super().__init__(message)
@@ -115,7 +113,15 @@ def _find(task: Task, field: str, state_version: int | None) -> Revealed:
             f"Checkpoint v{state_version} has no {field}.", code="field_not_present", status=404
         )
     if isinstance(task.input, dict) and field in task.input:
-        return Revealed(field, task.input[field], "input", None)
+        try:
+            value = sealing.open_all(task.input[field], sealing.task_place(task.id, "input", field))
+        except sealing.Unopenable as exc:
+            raise RevealRefused(
+                f"The input's {field} cannot be read ({exc.problem}, key {exc.key_id!r}).",
+                code="input_undecryptable",
+                status=409,
+            ) from None
+        return Revealed(field, value, "input", None)
     try:
         latest = services.latest_checkpoint(task)
     except checkpoints.CheckpointUnreadable as exc:
@@ -141,7 +147,8 @@ def reveal_field(
     The caller has already found ``task`` visible to ``user`` (another tenant's is a 404 there).
     Raises ``PermissionDenied`` without a role in ``REVEAL_ROLES``; ``RevealRefused`` for a field
     the type does not mark sensitive (400: it is shown unmasked already) or one the task does not
-    hold (404); ``CheckpointUnreadable`` when the checkpoint cannot be read (a retired key: 409).
+    hold (404), or 409 ``input_undecryptable`` for an input field that cannot be opened (its key
+    retired); ``CheckpointUnreadable`` when the checkpoint cannot be read (a retired key: 409).
     Only a reveal that returns a value is recorded.
     """
     if not may_reveal(user, task):

@@ -8,9 +8,12 @@ envelope::
 
 The token encrypts the canonical JSON of ``{"at": <place>, "v": <value>}``.
 The *place* names where the value belongs — ``["checkpoint", task id, state
-version, "facts", "refund_card"]`` or ``["action", idempotency key, "effect",
-"card"]`` — and opening checks it: a token copied into another row, version or
-field is refused, not read as if it belonged there. (Fernet has no associated
+version, "facts", "refund_card"]``, ``["action", idempotency key, "effect",
+"card"]``, ``["task", task id, "input", "customer_email"]`` (also the task's
+outcome, its input answers and external events: ``task_place``) or
+``["approval", request id, "consequential", "effect", "card"]`` — and opening
+checks it: a token copied into another row, version or field is refused, not
+read as if it belonged there. (Fernet has no associated
 data, so the place travels inside the ciphertext and is compared on the way out.)
 
 Keys come from ``FIELD_ENCRYPTION_KEYS`` (``"id:key,id2:key2"``, each key a
@@ -53,6 +56,7 @@ from typing import Any
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db.models import Model
 
 from audit import canonical
 
@@ -279,6 +283,22 @@ def action_place(idempotency_key: str) -> Place:
     return ("action", idempotency_key)
 
 
+def task_place(task_id: Any, *path: str | int) -> Place:
+    """Where a sealed value in a task's own rows belongs: the task, then the column and the row within it.
+
+    ``task_place(id, "input")`` and ``task_place(id, "outcome")`` for the task's columns;
+    ``task_place(id, "inputs", version, "payload")`` for the answer to the wait at that version;
+    ``task_place(id, "events", event_key, "payload")`` for an external event. A field's key follows.
+    """
+    return ("task", str(task_id), *path)
+
+
+def approval_place(request_id: Any, column: str) -> Place:
+    """Where a sealed value of an approval request belongs: the request, then its column
+    (``consequential`` or ``material``)."""
+    return ("approval", str(request_id), column)
+
+
 def open_effect(idempotency_key: str, effect: Any) -> Any:
     """An action's effect as it is to be sent: every sealed value opened (``Unopenable`` if one cannot)."""
     return open_all(effect, (*action_place(idempotency_key), "effect"))
@@ -287,12 +307,18 @@ def open_effect(idempotency_key: str, effect: Any) -> Any:
 def masked_effect(idempotency_key: str, effect: Any, names: Collection[str] = ()) -> Any:
     """An action's effect as pages and API answers show it: sealed values masked, and so are the keys in
     ``names`` still held in clear (a row written before its step marked them sensitive)."""
-    shown = mask_all(effect, (*action_place(idempotency_key), "effect"))
-    if not names or not isinstance(effect, dict) or not isinstance(shown, dict):
+    return masked_at(effect, (*action_place(idempotency_key), "effect"), names)
+
+
+def masked_at(value: Any, at: Place, names: Collection[str] = ()) -> Any:
+    """``value`` (sealed at ``at``) as pages and API answers show it: every sealed value masked, and so
+    are the keys in ``names`` still held in clear (a row written before they were sealed)."""
+    shown = mask_all(value, at)
+    if not names or not isinstance(value, dict) or not isinstance(shown, dict):
         return shown
     return {
-        key: mask(value) if key in names and not is_envelope(effect.get(key)) else value
-        for key, value in shown.items()
+        key: mask(item) if key in names and not is_envelope(value.get(key)) else item
+        for key, item in shown.items()
     }
 
 
@@ -398,6 +424,23 @@ def rotate_all(value: Any, ring: Keyring) -> Rotated:
 
     result.value = _replace(value, (), rotate)
     return result
+
+
+# --- JSON columns of the layers above ------------------------------------------------------------------
+
+# JSON columns of apps above this layer that hold sealed values, by label: ``manage.py rotate_keys``
+# re-seals them with this layer's own. Each app names its columns when it is ready
+# (``approvals.apps``), since nothing here may import its models.
+_JSON_COLUMNS: dict[str, tuple[type[Model], str]] = {}
+
+
+def register_json_column(label: str, model: type[Model], column: str) -> None:
+    _JSON_COLUMNS[label] = (model, column)
+
+
+def json_columns() -> dict[str, tuple[type[Model], str]]:
+    """The registered columns, by label, in the order they were registered."""
+    return dict(_JSON_COLUMNS)
 
 
 # --- JSON text (checkpoint bodies) ---------------------------------------------------------------------

@@ -206,17 +206,30 @@ def stuck_condition(now: datetime) -> Q:
       (the sweep is not running);
     - an outcome unknown for longer than ``UNKNOWN_OUTCOME_ESCALATE_AFTER``.
     Waits before their deadline and quarantined tasks are owned states, not stuck.
+    Each clause is its own function: ``runtime.alerts`` raises one kind of alert per clause.
     """
+    return unattended_condition(now) | overdue_wait_condition(now) | unknown_overdue_condition(now)
+
+
+def unattended_condition(now: datetime) -> Q:
+    """Runnable since over ``STUCK_AFTER`` seconds, and no lease heartbeat in that time."""
     grace = now - timedelta(seconds=settings.STUCK_AFTER)
-    unattended = Q(state__in=sorted(RUNNABLE), state_entered_at__lt=grace) & ~Q(
+    return Q(state__in=sorted(RUNNABLE), state_entered_at__lt=grace) & ~Q(
         Exists(Lease.objects.filter(task_id=OuterRef("pk"), heartbeat_at__gt=grace))
     )
-    overdue = Q(state__in=sorted(WAITING), wait_deadline__lt=grace)
-    unknown = Q(
+
+
+def overdue_wait_condition(now: datetime) -> Q:
+    """A wait whose deadline passed over ``STUCK_AFTER`` seconds ago (the sweep ends waits at deadlines)."""
+    return Q(state__in=sorted(WAITING), wait_deadline__lt=now - timedelta(seconds=settings.STUCK_AFTER))
+
+
+def unknown_overdue_condition(now: datetime) -> Q:
+    """``outcome_unknown`` for longer than ``UNKNOWN_OUTCOME_ESCALATE_AFTER`` seconds."""
+    return Q(
         state=State.OUTCOME_UNKNOWN,
         state_entered_at__lt=now - timedelta(seconds=settings.UNKNOWN_OUTCOME_ESCALATE_AFTER),
     )
-    return unattended | overdue | unknown
 
 
 def visible_tasks(user: Any) -> QuerySet[Task]:

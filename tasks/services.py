@@ -1,5 +1,17 @@
 """Use cases composed of transitions: start a task, read where it stands,
-operator controls. Nothing here assigns ``state`` directly."""
+operator controls. Nothing here assigns ``state`` directly.
+
+Sealed columns: what a task's own rows keep of its type's sensitive fields
+(``TaskType.sensitive``) is sealed where it is written (``tasks.sealing``),
+each value bound to the task and the column — and row — holding it: the
+task's ``input`` and ``outcome``, an input answer's ``payload``, an external
+event's ``payload``. Idempotency compares digests of the clear values
+(``request_digest``, ``payload_digest``), never the envelopes, whose tokens
+differ at every sealing. The values are opened only where they are used:
+``task_input`` (a rerun, a reveal), ``event_payload`` (the engine taking an
+early event's value as a fact). A completed task's outcome is only ever
+shown, masked (``tasks.reveal``).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +29,7 @@ from pydantic import ValidationError
 
 from audit import canonical
 from audit.models import TransitionEvent
-from tasks import checkpoints, doorbell, hotpath, registry
+from tasks import checkpoints, doorbell, hotpath, metrics, registry, sealing
 from tasks.checkpoints import Scalar
 from tasks.exceptions import StaleVersion, TransitionError, TransitionNotAllowed
 from tasks.leases import Held
@@ -116,6 +128,7 @@ def task_create(
         prompt_id=config.prompt_id if config else kind.prompt_id,
         toolset_id=config.toolset_id if config else kind.toolset_id,
     )
+    task.input = seal_input(task_type, task.id, accepted)  # the id exists already (uuid7 default)
     progress = checkpoints.Progress(
         step=kind.first_step, input_refs=[f"task:{task.id}/input"], facts=kind.initial_facts(accepted)
     )
@@ -163,11 +176,15 @@ def task_rerun(
             state=task.state,
             state_version=task.state_version,
         )
+    try:
+        submitted = task_input(task)
+    except sealing.Unopenable as exc:  # a retired key, or erased by retention: nothing to run again with
+        raise InvalidTaskInput({"input": [f"{exc.where} cannot be read ({exc.problem})"]}) from None
     return task_create(
         tenant=task.tenant,
         task_type=task.task_type,
         objective=task.objective,
-        input=task.input,
+        input=submitted,
         actor=actor,
         owner=task.owner,
         deadline=deadline,
@@ -176,6 +193,64 @@ def task_rerun(
         region=task.region,
         rerun_of=task,
         reason=f"rerun of {task.id} ({task.state}): {reason}",
+    )
+
+
+# --- sealed columns ----------------------------------------------------------------------------------
+
+
+def seal_input(task_type: str, task_id: UUID, accepted: dict[str, Any]) -> dict[str, Any]:
+    """The accepted input as ``Task.input`` stores it: the type's sensitive fields sealed to this task."""
+    return sealing.seal_fields(
+        accepted, registry.sensitive_fields(task_type), sealing.task_place(task_id, "input")
+    )
+
+
+def task_input(task: Task) -> Any:
+    """The task's input as it was submitted (sealed fields opened). Raises ``sealing.Unopenable``."""
+    return sealing.open_all(task.input, sealing.task_place(task.id, "input"))
+
+
+def outcome_fields(task_type: str) -> frozenset[str]:
+    """The sensitive facts a completed task of ``task_type`` reports in its outcome: only those are sealed
+    and masked there (its other keys are the system's own words: ``{"reason": "retries_exhausted"}``)."""
+    try:
+        kind = registry.get(task_type)
+    except KeyError:
+        return frozenset()
+    return kind.sensitive & kind.outcome_fields
+
+
+def seal_outcome(task: Task, outcome: dict[str, Any]) -> dict[str, Any]:
+    """A completed task's outcome as ``Task.outcome`` stores it: its sensitive facts sealed to this task."""
+    return sealing.seal_fields(
+        outcome, outcome_fields(task.task_type), sealing.task_place(task.id, "outcome")
+    )
+
+
+def task_outcome(task: Task) -> Any:
+    """The task's outcome in clear (sealed facts opened). Raises ``sealing.Unopenable``."""
+    return sealing.open_all(task.outcome, sealing.task_place(task.id, "outcome"))
+
+
+def event_sensitive_keys(task_type: str, event_type: str) -> frozenset[str]:
+    """The payload keys of an ``event_type`` event sealed at rest: those named like a sensitive field of
+    the type, and each key a wait for that event reads a sensitive fact from (``AwaitExternal.value``)."""
+    sensitive = registry.sensitive_fields(task_type)
+    if not sensitive:
+        return frozenset()
+    waits = [
+        step
+        for step in registry.get(task_type).steps
+        if isinstance(step, registry.AwaitExternal) and step.event_type == event_type
+    ]
+    return sensitive | {step.value for step in waits if step.fact in sensitive}
+
+
+def event_payload(event: ExternalEvent) -> Any:
+    """An external event's payload as delivered (sealed values opened). Raises ``sealing.Unopenable``."""
+    return sealing.open_all(
+        event.payload, sealing.task_place(event.task_id, "events", event.event_key, "payload")
     )
 
 
@@ -230,6 +305,7 @@ def task_resume_point(task_id: UUID | str, *, actor: Actor, lease: Held | None =
     except checkpoints.CheckpointUnreadable as exc:
         if task.state == State.QUARANTINED:
             return ResumePoint(task, None)
+        metrics.checkpoint_unreadable(exc.reason)  # durable_checkpoint_read_failures
         task = advance(
             task.id,
             task.state_version,
@@ -296,10 +372,14 @@ def task_provide_input(task: Task, *, expected_version: int, answer: Scalar, act
         )
     point, step = _waiting_step(task, registry.RequestInput)
     now = timezone.now()
+    # Digest of the clear answer (a repeat is recognised by it); the row keeps it sealed when the fact is.
+    sealed = {"answer"} if step.answer in registry.sensitive_fields(task.task_type) else set()
     record = TaskInput(
         task=task,
         answered_version=expected_version,
-        payload=payload,
+        payload=sealing.seal_fields(
+            payload, sealed, sealing.task_place(task.id, "inputs", expected_version, "payload")
+        ),
         payload_digest=_digest(payload),
         submitted_by=actor.id,
         received_at=now,
@@ -392,8 +472,13 @@ def task_deliver_event(
         return Delivery(task, applied=False, note="duplicate event_key: already received")
     _may_take_event(task.id, task.state, task.state_version, key=event_key)
     now = timezone.now()
+    stored = sealing.seal_fields(
+        payload,
+        event_sensitive_keys(task.task_type, event_type),
+        sealing.task_place(task.id, "events", event_key, "payload"),
+    )
     event = ExternalEvent(
-        task=task, event_key=event_key, event_type=event_type, payload=payload, received_at=now
+        task=task, event_key=event_key, event_type=event_type, payload=stored, received_at=now
     )
     step = None
     if task.state == State.WAITING_EXTERNAL:

@@ -26,7 +26,7 @@ from audit.keys import chain_link
 from audit.models import TransitionEvent
 from audit.redaction import redact
 from ledger.models import Action
-from tasks import checkpoints, hotpath, registry, sealing
+from tasks import checkpoints, hotpath, metrics, registry, sealing
 from tasks.exceptions import LeaseLost, StaleVersion, TaskNotFound, TransitionNotAllowed
 from tasks.leases import Held
 from tasks.models import Checkpoint, Task
@@ -93,6 +93,33 @@ CHANGEABLE = frozenset(
 )
 # Every column the compare-and-set writes (state_version is bumped in SQL).
 WRITTEN = ("state", "state_reason", "updated_at", "state_entered_at", "audit_head", *sorted(CHANGEABLE))
+
+
+def span_attributes(task: Task) -> dict[str, Any]:
+    """What every span about a task carries (``durable.*``): ids, type, tenant, version, attempt.
+
+    Identifiers and counters only, never input, facts or reasons: spans leave the process.
+    """
+    attributes: dict[str, Any] = {
+        "durable.task.id": str(task.id),
+        "durable.task.type": task.task_type,
+        "durable.tenant.id": task.tenant_id,
+        "durable.task.state_version": task.state_version,
+        "durable.task.attempt": task.attempt,
+    }
+    if task.parent_id is not None:
+        attributes["durable.task.parent_id"] = str(task.parent_id)
+    return attributes
+
+
+def _transition_attributes(task: Task, from_state: str, trigger: str, actor: Actor) -> dict[str, Any]:
+    return {
+        **span_attributes(task),
+        "durable.transition.trigger": str(trigger),
+        "durable.transition.from_state": str(from_state),
+        "durable.transition.to_state": str(task.state),
+        "durable.transition.actor_kind": str(actor.kind),
+    }
 
 
 def _trace_ids() -> tuple[str, str]:
@@ -242,7 +269,8 @@ def task_start(
     now = timezone.now()
     task.state, task.state_version, task.state_reason = State.READY, 1, ""
     task.created_at = task.updated_at = task.state_entered_at = now
-    with tracer.start_as_current_span("task.start", attributes={"task.type": task.task_type}):
+    # The creation is a transition too (from nothing, by ``start``): its trace is the task's origin.
+    with tracer.start_as_current_span("task.transition") as span:
         trace_id, traceparent = _trace_ids()
         rows = _ledger_rows(task, actions, now)
         checkpoint = _checkpoint_for(task, progress, rows, traceparent)
@@ -260,7 +288,12 @@ def task_start(
         with transaction.atomic(durable=True):
             task.save(force_insert=True)
             _write_history(event, checkpoint, rows)
-    log.info("task started", extra={"task_id": str(task.id), "task_type": task.task_type})
+        if span.is_recording():
+            span.set_attributes(_transition_attributes(task, "", Trigger.START, actor))
+    metrics.transitioned(Trigger.START, task.task_type, at=now)  # committed
+    log.info(
+        "task started", extra={"task_id": str(task.id), "task_type": task.task_type, "tenant": task.tenant_id}
+    )
     return task
 
 
@@ -362,10 +395,9 @@ def _advance(
     if unknown:
         raise ValueError(f"advance() cannot change {sorted(unknown)}")
     to_state = State(to_state)
-    with tracer.start_as_current_span(
-        "task.advance",
-        attributes={"task.id": str(task_id), "task.to_state": to_state, "task.actor": actor.kind},
-    ) as span:
+    # Attributes are set once committed, and only when the span is recorded: with no tracer
+    # configured this costs next to nothing.
+    with tracer.start_as_current_span("task.transition") as span:
         trace_id, traceparent = _trace_ids()
         with transaction.atomic(durable=True):
             task = current if current is not None else hotpath.load_task(task_id)
@@ -377,7 +409,7 @@ def _advance(
                     state=task.state,
                     state_version=task.state_version,
                 )
-            from_state = task.state
+            from_state, entered_before = task.state, task.state_entered_at
             edge = find_edge(from_state, to_state, trigger, actor.kind)
             if edge is None:
                 by = f" by {trigger}" if trigger else ""
@@ -429,9 +461,17 @@ def _advance(
             _write_history(event, checkpoint, rows, records)
             for write in also:
                 write()
-        span.set_attribute("task.state_version", task.state_version)
+        if span.is_recording():
+            span.set_attributes(_transition_attributes(task, from_state, edge.trigger, actor))
     log.info(
         "task advanced",
-        extra={"task_id": str(task.id), "from": from_state, "to": to_state, "version": task.state_version},
+        extra={
+            "task_id": str(task.id),
+            "tenant": task.tenant_id,
+            "from_state": from_state,
+            "to_state": to_state,
+            "state_version": task.state_version,
+        },
     )
+    metrics.transitioned(edge.trigger, task.task_type, left=entered_before, at=task.updated_at)  # committed
     return Advanced(task, checkpoint)

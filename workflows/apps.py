@@ -3,7 +3,30 @@ import pkgutil
 
 from django.apps import AppConfig
 
+from audit.redaction import register_sensitive_fields
 from tasks import registry, sealing
+
+# Field names kept out of the log and audit redaction however a task type marks them. Redaction masks
+# the value after ``<name>=`` or ``<name>:`` in every log line, span attribute and audit reason, and
+# these words are also the system's own keys there: ``reason=retries_exhausted``, ``"to": "ready"``,
+# ``status: 503``. Registering them would hide what operators need to read. The fields themselves are
+# still sealed at rest and masked on every page; only free text keyed by these words is left as it is.
+ORDINARY_WORDS = frozenset(
+    {
+        "action", "answer", "comment", "detail", "from", "id", "key", "kind", "message", "name", "note",
+        "reason", "record", "state", "status", "step", "text", "to", "type", "value",
+    }
+)  # fmt: skip
+
+
+def redaction_names() -> frozenset[str]:
+    """Every registered type's sensitive facts and sensitive effect keys, bar ``ORDINARY_WORDS``."""
+    names: set[str] = set()
+    for type_name in registry.names():
+        kind = registry.get(type_name)
+        names |= kind.sensitive
+        names |= {key for step in kind.steps if isinstance(step, registry.Dispatch) for key in step.sensitive}
+    return frozenset(names - ORDINARY_WORDS)
 
 
 class WorkflowsConfig(AppConfig):
@@ -16,3 +39,6 @@ class WorkflowsConfig(AppConfig):
                 importlib.import_module(f"{self.name}.{module.name}")
         # Refuse to start with malformed keys, or with none while some type has fields to seal.
         sealing.check_configuration([name for name in registry.names() if registry.sensitive_fields(name)])
+        # Log lines, span attributes and audit reasons mask these fields' values too (the rule for
+        # which names: ORDINARY_WORDS above).
+        register_sensitive_fields(redaction_names())

@@ -18,6 +18,7 @@ SECTIONS = {
     "approval-decide": "approvals",
     "quarantine": "quarantine",
     "access": "access",
+    "dashboard": "dashboard",
 }
 
 

@@ -256,7 +256,8 @@ def test_the_inbox_lists_the_tenants_pending_requests_oldest_first(sandbox, acme
 def test_the_inbox_shows_what_the_approver_authorizes(waiting, approver):
     [row] = get(approver, APPROVALS, status="pending").json()["results"]
     request = pending_request(waiting)
-    assert row["digest"] == request.digest and row["consequential"] == request.consequential
+    assert row["digest"] == request.digest and row["consequential"] == request.shown_consequential
+    assert row["consequential"]["effect"]["card"] == "•••• 4242"  # masked: stored sealed
     assert row["policy_reason"] and row["evidence"] and row["expires_at"] and row["live"] is True
 
 

@@ -61,7 +61,7 @@ def nothing_decided(task: Task, request: ApprovalRequest) -> bool:
 
 def test_the_request_binds_the_refund_as_it_stood_and_the_operator_as_requester(waiting):
     request = pending_request(waiting)
-    assert request.consequential["effect"] == {
+    assert request.opened("consequential")["effect"] == {  # the card is stored sealed to the request
         "kind": "refund",
         "order_id": "A-1",
         "amount": "10.00",
@@ -268,7 +268,7 @@ def test_a_card_changed_after_approval_pays_nothing_and_asks_again(waiting, appr
     old.refresh_from_db()
     new = pending_request(task)
     assert old.status == ApprovalStatus.APPROVED and new.pk != old.pk
-    assert new.consequential["effect"]["card"] == "mastercard-1111" and new.digest != old.digest
+    assert new.opened("consequential")["effect"]["card"] == "mastercard-1111" and new.digest != old.digest
     assert new.waiting_version == task.state_version
     reasked = TransitionEvent.objects.filter(task=task, trigger="request_approval").latest("state_version")
     assert "the action changed since it was approved" in reasked.reason

@@ -155,7 +155,7 @@ def test_killed_at_every_boundary_up_to_the_approval_the_refund_completes_once(a
     wait_for(lambda: state_of(task)[0] == State.COMPLETED, what="completion")
     stored = Task.objects.get(pk=task.pk)
     payment = Effect.objects.get(system="payments")
-    assert stored.outcome == {
+    assert services.task_outcome(stored) == {
         "order_id": "A-1",
         "amount": "10.00",
         "damaged_item": "mug",

@@ -41,6 +41,7 @@ def console_pages(acme, owner) -> dict[str, str]:
         "approvals": "/console/approvals/",
         "approval": f"/console/approvals/{approval.id}/",
         "quarantine": "/console/quarantine/",
+        "dashboard": "/console/dashboard/",
         "audit": "/console/audit/",
         "audit-task": f"/console/audit/tasks/{approval.task_id}/",
         "not-found": "/console/tasks/00000000-0000-0000-0000-000000000000/",

@@ -19,10 +19,12 @@ from typing import Any
 import pytest
 from django.test import Client
 from django.urls import URLPattern, URLResolver, reverse
+from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from console.urls import urlpatterns
-from tasks.models import Task
+from runtime.models import Alert, AlertKind
+from tasks.models import LegalHold, Task
 from tenancy.models import SavedView
 from tenancy.services import saved_view_create
 from tests.conftest import make_task
@@ -69,6 +71,8 @@ EXPECTED: dict[str, Row] = {
     "task-rerun": row("POST", LOGIN, 404, 403, PASSED, 403, PASSED),
     # Reveal: operators and admins only; the matrix's empty form is refused past the access check.
     "task-reveal": row("POST", LOGIN, 404, 403, PASSED, 403, PASSED),
+    # A legal hold: the tenant's admins place and lift it; every other role 403, other tenants 404.
+    "task-legal-hold": row("POST", LOGIN, 404, 403, 403, 403, DONE),
     "landing": row("GET", LOGIN, REDIRECT, REDIRECT, REDIRECT, REDIRECT, REDIRECT),
     "approvals": row("GET", LOGIN, 200, 200, 200, 200, 200),
     "approval": row("GET", LOGIN, 404, 200, 200, 200, 200),
@@ -81,6 +85,8 @@ EXPECTED: dict[str, Row] = {
     "audit-task-export": row("GET", LOGIN, 404, 200, 200, 403, 200),
     # Quarantine triage: QUARANTINE_ROLES; approvers have their inbox instead.
     "quarantine": row("GET", LOGIN, 200, 200, 200, 403, 200),
+    # The dashboard: every role, scoped to the reader's tenants (another tenant's operator sees theirs).
+    "dashboard": row("GET", LOGIN, 200, 200, 200, 200, 200),
     # A display preference: anyone signed in, no object behind it.
     "theme": row("POST", LOGIN, REDIRECT, REDIRECT, REDIRECT, REDIRECT, REDIRECT),
     # The queue as CSV: scoped like the queue.
@@ -98,6 +104,11 @@ EXPECTED: dict[str, Row] = {
     "saved-view-delete": row("POST", LOGIN, 404, 404, DONE, 404, 404),
     # The access log: auditors and admins of some tenant (tenancy.selectors.ACCESS_LOG_ROLES).
     "access": row("GET", LOGIN, 403, 200, 403, 403, 200),
+    # Alerts: operators, admins and auditors read their tenants' (runtime.alerts.READ_ROLES); operators
+    # and admins acknowledge and snooze; approvers 403, another tenant's alert 404.
+    "alerts": row("GET", LOGIN, 200, 200, 200, 403, 200),
+    "alert-acknowledge": row("POST", LOGIN, 404, 403, DONE, 403, DONE),
+    "alert-snooze": row("POST", LOGIN, 404, 403, DONE, 403, DONE),
 }
 
 
@@ -116,9 +127,11 @@ def _world(acme, operator) -> SimpleNamespace:
         user=operator, control="cancel", reason="matrix", tasks=Task.objects.filter(pk=other.pk), selection={}
     )
     view = saved_view_create(operator, name="Matrix view", query="state=ready", allowed_keys=["state"])
-    return SimpleNamespace(
-        task=Task.objects.get(pk=approval.task_id), approval=approval, operation=operation, view=view
+    task = Task.objects.get(pk=approval.task_id)
+    alert = Alert.objects.create(
+        tenant=acme, task=task, kind=AlertKind.NO_LIVE_LEASE, cause="matrix", raised_at=timezone.now()
     )
+    return SimpleNamespace(task=task, approval=approval, operation=operation, view=view, alert=alert)
 
 
 # How to fill each path parameter (by its name in the pattern). A parameter missing here fails.
@@ -129,6 +142,7 @@ PARAMS: dict[str, Callable[[SimpleNamespace], Any]] = {
     "control": lambda w: "cancel",
     "fmt": lambda w: "csv",
     "view_id": lambda w: w.view.pk,
+    "alert_id": lambda w: w.alert.pk,
 }
 
 
@@ -142,12 +156,18 @@ def _post_body(name: str, world: SimpleNamespace) -> dict[str, Any]:
         return {"expected_version": world.task.state_version, "answer": "matrix"}
     if name == "task-rerun":
         return {"reason": "matrix"}
+    if name == "task-legal-hold":
+        return {"hold": "place", "reason": "matrix"}
     if name == "theme":
         return {"theme": "dark", "next": "/console/"}
     if name == "saved-view-save":
         return {"name": "matrix", "query": "state=ready"}
     if name == "saved-view-delete":
         return {"confirm": "yes"}
+    if name == "alert-acknowledge":
+        return {"note": "matrix", "confirm": "on"}
+    if name == "alert-snooze":
+        return {"duration": "1h", "confirm": "on"}
     return {}
 
 
@@ -157,10 +177,16 @@ def _acted(name: str, world: SimpleNamespace) -> bool | None:
         return Task.objects.get(pk=world.task.pk).state_version != world.task.state_version
     if name == "approval-decide":
         return ApprovalRequest.objects.get(pk=world.approval.pk).status != "pending"
+    if name == "task-legal-hold":
+        return LegalHold.objects.filter(task=world.task).exists()
     if name == "saved-view-save":
         return SavedView.objects.filter(name="matrix").exists()
     if name == "saved-view-delete":
         return not SavedView.objects.filter(pk=world.view.pk).exists()
+    if name == "alert-acknowledge":
+        return Alert.objects.filter(pk=world.alert.pk, acknowledged_at__isnull=False).exists()
+    if name == "alert-snooze":
+        return Alert.objects.filter(pk=world.alert.pk, snoozed_until__isnull=False).exists()
     return None
 
 

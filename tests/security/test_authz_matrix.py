@@ -37,6 +37,7 @@ from rest_framework.views import APIView
 
 from approvals.models import ApprovalRequest
 from runtime import bulk
+from runtime.models import Alert, AlertKind
 from tasks.models import Task
 from tenancy.models import Role, SavedView
 from tenancy.services import saved_view_create, token_create
@@ -53,6 +54,10 @@ OUT_OF_SCOPE = {
     "sandbox/": "the simulated outside systems of the demo, off in production, guarded by their own token",
     "static/": "static files: public by design",
     "": "the root only redirects to /console/",
+    # /healthz and /readyz are not routes: config.health.HealthMiddleware answers them before the URL conf
+    # (tests/observability/test_health.py).
+    "metrics": "Prometheus scrapes: a bearer METRICS_TOKEN or an allowed network, never a session or an "
+    "API token (tests/observability/test_metrics.py)",
 }
 
 PRINCIPALS = (
@@ -124,10 +129,17 @@ EXPECTED: dict[tuple[str, str], dict[str, int | str]] = {
     ("api-task-reconcile", "POST"):       cols(401, 404, 403, P,   403, 403, P,     403, P,   403, 403),
     ("api-task-rerun", "POST"):           cols(401, 404, 403, P,   403, 403, P,     403, P,   403, 403),
     ("api-task-reveal", "POST"):          cols(401, 404, 403, P,   403, 403, P,     403, P,   403, 403),
+    # --- a legal hold: any role reads it; only the tenant's admins place or lift it (a token: "operate")
+    ("api-task-legal-hold", "GET"):       cols(401, 404, 200, 200, 200, 200, 200,   200, 403, 403, 403),
+    ("api-task-legal-hold", "POST"):      cols(401, 404, 403, 403, 403, 403, 200,   403, 403, 403, 403),
     # --- deciding: approvers; a token needs "approve"
     ("api-approval-decide", "POST"):      cols(401, 404, 403, 403, 200, 403, 403,   403, 403, 200, 403),
     # --- the access log: auditors and admins (the tokens' user is neither)
     ("api-access-events", "GET"):         cols(401, 403, 200, 403, 403, 403, 200,   403, 403, 403, 403),
+    # --- alerts: operators, admins, auditors read (a list of their tenants'); operators and admins handle
+    ("api-alerts", "GET"):                cols(401, 200, 200, 200, 403, 403, 200,   200, 403, 403, 403),
+    ("api-alert-acknowledge", "POST"):    cols(401, 404, 403, 200, 403, 403, 200,   403, 200, 403, 403),
+    ("api-alert-snooze", "POST"):         cols(401, 404, 403, 200, 403, 403, 200,   403, 200, 403, 403),
     # --- console (sessions only). R: a POST past the access checks (302 back to the page).
     ("console:queue", "GET"):             cols(L,   200, 200, 200, 200, 200, 200,   *T),
     ("console:task", "GET"):              cols(L,   404, 200, 200, 200, 200, 200,   *T),
@@ -135,6 +147,7 @@ EXPECTED: dict[tuple[str, str], dict[str, int | str]] = {
     ("console:task-answer", "POST"):      cols(L,   404, 403, R,   403, 403, R,     *T),
     ("console:task-rerun", "POST"):       cols(L,   404, 403, R,   403, 403, R,     *T),
     ("console:task-reveal", "POST"):      cols(L,   404, 403, P,   403, 403, P,     *T),
+    ("console:task-legal-hold", "POST"):  cols(L,   404, 403, 403, 403, 403, R,     *T),
     ("console:landing", "GET"):           cols(L,   R,   R,   R,   R,   R,   R,     *T),
     ("console:approvals", "GET"):         cols(L,   200, 200, 200, 200, 200, 200,   *T),
     ("console:approval", "GET"):          cols(L,   404, 200, 200, 200, 200, 200,   *T),
@@ -144,6 +157,7 @@ EXPECTED: dict[tuple[str, str], dict[str, int | str]] = {
     ("console:audit-task", "GET"):        cols(L,   404, 200, 200, 403, 403, 200,   *T),
     ("console:audit-task-export", "GET"): cols(L,   404, 200, 200, 403, 403, 200,   *T),
     ("console:quarantine", "GET"):        cols(L,   200, 200, 200, 403, 403, 200,   *T),
+    ("console:dashboard", "GET"):         cols(L,   200, 200, 200, 200, 200, 200,   *T),
     ("console:theme", "POST"):            cols(L,   R,   R,   R,   R,   R,   R,     *T),
     ("console:queue-export", "GET"):      cols(L,   200, 200, 200, 200, 200, 200,   *T),
     # Bulk preview: operators and admins of some tenant (another tenant's operator passes the role check;
@@ -156,6 +170,9 @@ EXPECTED: dict[tuple[str, str], dict[str, int | str]] = {
     ("console:saved-view-save", "POST"):  cols(L,   R,   R,   R,   R,   R,   R,     *T),
     ("console:saved-view-delete", "POST"): cols(L,  404, 404, R,   404, 404, 404,   *T),
     ("console:access", "GET"):            cols(L,   403, 200, 403, 403, 403, 200,   *T),
+    ("console:alerts", "GET"):            cols(L,   200, 200, 200, 403, 403, 200,   *T),
+    ("console:alert-acknowledge", "POST"): cols(L,  404, 403, R,   403, 403, R,     *T),
+    ("console:alert-snooze", "POST"):     cols(L,   404, 403, R,   403, 403, R,     *T),
 }
 # fmt: on
 
@@ -257,7 +274,7 @@ def test_a_new_endpoint_or_method_without_a_row_is_reported():
 
 def _world(acme: Any, operator: Any) -> SimpleNamespace:
     """Real acme objects for every path parameter: a task waiting for an approval (its request
-    pending), one waiting for input, a bulk operation and a saved view of the operator."""
+    pending), one waiting for input, a bulk operation, a saved view of the operator and an open alert."""
     approval = ask(make_task(acme, objective="Matrix refund"))
     waiting = waiting_for_input(make_task(acme, objective="Matrix input"))
     other = make_task(acme, objective="Matrix bulk target")
@@ -271,6 +288,19 @@ def _world(acme: Any, operator: Any) -> SimpleNamespace:
         waiting=waiting,
         operation=operation,
         view=view,
+        alert=_open_alert(approval.task_id),
+    )
+
+
+def _open_alert(task_id: Any) -> Alert:
+    task = Task.objects.get(pk=task_id)
+    return Alert.objects.create(
+        tenant_id=task.tenant_id,
+        task=task,
+        kind=AlertKind.WAIT_PAST_DEADLINE,
+        cause="matrix",
+        raised_at=timezone.now(),
+        state_version=task.state_version,
     )
 
 
@@ -285,6 +315,7 @@ PARAMS: dict[str, Callable[[str, SimpleNamespace], Any]] = {
     "control": lambda name, w: "cancel",
     "fmt": lambda name, w: "csv",
     "view_id": lambda name, w: w.view.pk,
+    "alert_id": lambda name, w: w.alert.pk,
 }
 
 
@@ -307,6 +338,8 @@ def _body(name: str, world: SimpleNamespace) -> dict[str, Any]:
         return {"event_key": "matrix", "event_type": "matrix", "payload": {}}
     if name == "api-task-rerun":
         return {"reason": "matrix"}
+    if name == "api-task-legal-hold":
+        return {"hold": True, "reason": "matrix"}
     if name == "api-task-reveal":
         return {"field": "refund_card"}
     if name.startswith("api-task-"):  # an operator control
@@ -319,6 +352,8 @@ def _body(name: str, world: SimpleNamespace) -> dict[str, Any]:
         return {"expected_version": task.state_version, "answer": "matrix"}
     if name == "console:task-rerun":
         return {"reason": "matrix"}
+    if name == "console:task-legal-hold":
+        return {"hold": "place", "reason": "matrix"}
     if name == "console:task-reveal":
         return {"field": "refund_card"}
     if name == "console:approval-decide":
@@ -329,6 +364,12 @@ def _body(name: str, world: SimpleNamespace) -> dict[str, Any]:
         return {"name": "matrix", "query": "state=ready"}
     if name == "console:saved-view-delete":
         return {"confirm": "yes"}
+    if name.endswith("alert-acknowledge"):
+        return {"note": "matrix", "confirm": "on"}
+    if name == "api-alert-snooze":
+        return {"until": (timezone.now() + timedelta(hours=1)).isoformat(), "note": "matrix"}
+    if name == "console:alert-snooze":
+        return {"duration": "1h", "confirm": "on"}
     if name == "login":  # a wrong password: the form again, whoever asks
         return {"username": "acme-operator", "password": "not-the-password"}
     return {}
@@ -340,6 +381,7 @@ def _snapshot() -> tuple[Any, ...]:
         tuple(Task.objects.order_by("id").values_list("id", "state_version")),
         tuple(ApprovalRequest.objects.order_by("id").values_list("id", "status")),
         tuple(SavedView.objects.order_by("id").values_list("id", "name")),
+        tuple(Alert.objects.order_by("id").values_list("id", "acknowledged_at", "snoozed_until")),
     )
 
 

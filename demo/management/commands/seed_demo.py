@@ -532,7 +532,8 @@ def _start(tenant: Tenant, operator, key: str, task_type: str, objective: str, i
 
 
 def task_facts(task) -> dict:
-    return registry.get(task.task_type).initial_facts(task.input)
+    # The input as submitted: its sensitive fields are stored sealed (tasks.services.task_input).
+    return registry.get(task.task_type).initial_facts(services.task_input(task))
 
 
 def seed_sandbox() -> None:

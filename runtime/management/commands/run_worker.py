@@ -2,7 +2,8 @@
 
 Each round (``runtime.loop``):
 
-1. (with ``--sweep``) end overdue waits, expire late tasks, reconcile unknown outcomes;
+1. (with ``--sweep``) end overdue waits, expire late tasks, reconcile unknown outcomes,
+   and every ``ALERT_SCAN_INTERVAL`` seconds raise and clear alerts (``runtime.alerts``);
    advance a queued bulk operation (``runtime.bulk``);
 2. claim as many runnable tasks of ``--region`` as there are free slots
    (``--concurrency``, default ``WORKER_CONCURRENCY``) and run each in a slot
@@ -28,8 +29,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from approvals import services as approvals
-from config import otel
-from runtime import bulk, db, reconcile, sweep
+from config import metrics, otel
+from runtime import alerts, bulk, db, reconcile, sweep
 from runtime.loop import Loop
 from runtime.workers import worker_id
 from tasks import liveness
@@ -60,6 +61,7 @@ class Command(BaseCommand):
             "--sweep", dest="with_sweep", action="store_true", help="also end overdue waits (no beat running)"
         )
         parser.add_argument("--once", action="store_true")
+        parser.add_argument("--metrics-port", type=int, default=0, help="serve its metrics on 127.0.0.1:PORT")
         parser.add_argument("--max-seconds", type=float, default=0, help="stop after this long (0: never)")
         parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)  # the old name of --concurrency
 
@@ -81,17 +83,26 @@ class Command(BaseCommand):
         if not pooled:
             concurrency = 1  # SQLite (the embedded demo) takes one writer at a time anyway
         otel.configure()
+        if options.get("metrics_port"):  # its counters live in this process only (config/metrics.py)
+            metrics.serve(options["metrics_port"])
         me, ttl = worker_id(), timedelta(seconds=lease_ttl)
         started = time.monotonic()
 
         def should_stop() -> bool:
             return stopping or bool(max_seconds and time.monotonic() - started > max_seconds)
 
+        alerts_every = settings.CELERY_BEAT_SCHEDULE["alerts-scan"]["schedule"]
+        alerts_due = 0.0
+
         def chores() -> int:
+            nonlocal alerts_due
             if with_sweep:
                 sweep.sweep(lambda task_id, task_region: None)  # this loop polls; no doorbell needed
                 reconcile.reconcile_unknown()
                 approvals.expire_pending()
+                if time.monotonic() >= alerts_due:  # beat's pace, not every round's
+                    alerts.scan()
+                    alerts_due = time.monotonic() + alerts_every
             # Large bulk operations (runtime.bulk) advance a budget per round, so tasks are not starved.
             return bulk.run_pending(me)
 

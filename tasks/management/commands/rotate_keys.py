@@ -1,25 +1,33 @@
 """manage.py rotate_keys [--batch-size N] [--max-batches N] [--dry-run]
 
 Re-seals every sealed field (``tasks.sealing``) that is not under the first key
-of ``FIELD_ENCRYPTION_KEYS``, in checkpoints (``Checkpoint.body``) and in the
-ledger's action effects (``Action.effect``). The usual rotation: put the new
-key first and keep the old one after it, deploy, run this, then remove the old
-key.
+of ``FIELD_ENCRYPTION_KEYS``, wherever one is kept: checkpoints
+(``Checkpoint.body``), the ledger's action effects (``Action.effect``), the
+task's ``input`` and ``outcome``, input answers (``TaskInput.payload``),
+external events (``ExternalEvent.payload``), and the JSON columns the apps
+above register (``sealing.register_json_column``: the approval requests'
+``consequential`` and ``material``). The usual rotation: put the new key first
+and keep the old one after it, deploy, run this, then remove the old key.
 
 1. Count the rows holding an envelope under another key (one scan per table).
 2. Walk them in id order, one batch per transaction: lock the batch's rows,
    re-seal, write back that one column and nothing else (an append-only
-   trigger on checkpoints allows only ``body`` to change). A checkpoint's
+   trigger on checkpoints allows only ``body`` to change; tasks, answers,
+   events and approval requests have no trigger on UPDATE). A checkpoint's
    digest is over its body with the envelopes blanked, so it — and the audit
    event that recorded it — stays the same; every row is checked for that
-   before it is written.
+   before it is written. Digests of the other columns (a task's
+   ``request_digest``, an answer's ``payload_digest``, an approval's
+   ``digest``) are of the clear values, which re-sealing does not change.
 3. Report progress on stderr after each batch (rows, rate, time left), and a
    summary on stdout.
 
 Resumable without remembering anything: a re-sealed row no longer matches the
 query, so a run stopped anywhere (Ctrl-C, SIGTERM, ``--max-batches``, a crash)
 lost at most its open batch, which rolled back; the next run picks up what is
-left, and a run with nothing left does nothing. SIGTERM and SIGINT stop after
+left, and a run with nothing left does nothing. (A transition that read a
+task's outcome before its batch may write back the envelope it read: still
+under the old key, and picked up by the next run.) SIGTERM and SIGINT stop after
 the batch in progress. A value under a key this process does not hold cannot be
 re-sealed: it is left as it is and reported (exit status 1), and a task whose
 checkpoint holds one is quarantined when a worker loads it.
@@ -44,7 +52,7 @@ from django.db.models.functions import Cast
 
 from ledger.models import Action
 from tasks import checkpoints, sealing
-from tasks.models import Checkpoint
+from tasks.models import Checkpoint, ExternalEvent, Task, TaskInput
 
 
 def _not_under(primary: str) -> str:
@@ -77,34 +85,45 @@ def _checkpoint_rotated(body: str, ring: sealing.Keyring) -> sealing.Rotated:
     return result
 
 
-def _effect_text() -> Cast:
-    return Cast("effect", models.TextField())
+def json_table(label: str, model: type[models.Model], column: str) -> Table:
+    """A JSON column holding envelopes anywhere inside it, found by its text (one scan of the table)."""
 
+    def as_text() -> models.QuerySet[Any]:
+        return model._default_manager.alias(sealed_text=Cast(column, models.TextField()))
 
-TABLES = (
-    Table(
-        "checkpoints",
-        Checkpoint,
-        "body",
-        pending=lambda primary: Checkpoint.objects.filter(body__regex=_not_under(primary)),
-        sealed=lambda: Checkpoint.objects.filter(body__contains=f'"{sealing.MARK}"'),
-        rotate=_checkpoint_rotated,
-        key_ids=sealing.key_ids_in_text,
-    ),
-    Table(
-        "actions",
-        Action,
-        "effect",
-        pending=lambda primary: Action.objects.alias(effect_text=_effect_text()).filter(
-            effect_text__regex=_not_under(primary)
-        ),
-        sealed=lambda: Action.objects.alias(effect_text=_effect_text()).filter(
-            effect_text__contains=f'"{sealing.MARK}"'
-        ),
+    return Table(
+        label,
+        model,
+        column,
+        pending=lambda primary: as_text().filter(sealed_text__regex=_not_under(primary)),
+        sealed=lambda: as_text().filter(sealed_text__contains=f'"{sealing.MARK}"'),
         rotate=sealing.rotate_all,
         key_ids=sealing.key_ids,
-    ),
+    )
+
+
+CHECKPOINTS = Table(
+    "checkpoints",
+    Checkpoint,
+    "body",
+    pending=lambda primary: Checkpoint.objects.filter(body__regex=_not_under(primary)),
+    sealed=lambda: Checkpoint.objects.filter(body__contains=f'"{sealing.MARK}"'),
+    rotate=_checkpoint_rotated,
+    key_ids=sealing.key_ids_in_text,
 )
+
+
+def tables() -> list[Table]:
+    """Every place sealed values live, this layer's and below first, then those the apps registered."""
+    return [
+        CHECKPOINTS,
+        json_table("actions", Action, "effect"),
+        json_table("task inputs", Task, "input"),
+        json_table("task outcomes", Task, "outcome"),
+        json_table("answers", TaskInput, "payload"),
+        json_table("events", ExternalEvent, "payload"),
+        *(json_table(label, model, column) for label, (model, column) in sealing.json_columns().items()),
+    ]
 
 
 class Bar:
@@ -124,7 +143,7 @@ class Bar:
         left = (self.total - done) / rate if rate and self.total > done else 0.0
         filled = int(self.WIDTH * done / self.total) if self.total else self.WIDTH
         line = (
-            f"{self.label:<12} [{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{self.total} rows, "
+            f"{self.label:<14} [{'#' * filled}{'.' * (self.WIDTH - filled)}] {done}/{self.total} rows, "
             f"{fields} fields, {rate:,.0f} rows/s, ETA {int(left) // 60}:{int(left) % 60:02d}"
         )
         self.stream.write(f"\r{line}" if self.live else line, ending="" if self.live else "\n")
@@ -160,7 +179,7 @@ class Command(BaseCommand):
             raise CommandError("--batch-size must be at least 1")
         ring = sealing.keyring()
         if dry_run:
-            for table in TABLES:
+            for table in tables():
                 self._count(table, ring)
             return
         self.stopping = False
@@ -168,7 +187,7 @@ class Command(BaseCommand):
         try:
             budget = max_batches or None
             tallies = []
-            for table in TABLES:
+            for table in tables():
                 tally, budget = self._rotate(table, ring, batch_size, budget)
                 tallies.append((table, tally))
                 if self.stopping or budget == 0:

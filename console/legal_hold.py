@@ -1,0 +1,67 @@
+"""The task page's legal hold: tenant admins place or lift it, everyone of the tenant sees it.
+
+While a hold is in force retention neither archives nor deletes the task (``tasks.retention``).
+The panel (``{% legal_hold_panel %}``, ``console.templatetags.legal_hold``) shows the hold, its
+history and the archive date; its form posts here. The hold rows are the record of who placed or
+lifted one and why; the API twin is ``/api/tasks/{id}/legal-hold/``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.views.decorators.http import require_POST
+
+from console.access import get_task_for_user
+from tasks import retention, selectors
+from tasks.exceptions import TaskNotFound
+from tasks.models import Task
+from tenancy.models import Role
+
+
+class LegalHoldForm(forms.Form):
+    hold = forms.TypedChoiceField(
+        choices=[("place", "Place a legal hold"), ("lift", "Lift the legal hold")],
+        coerce=lambda value: value == "place",
+        widget=forms.HiddenInput,
+    )
+    reason = forms.CharField(max_length=500, label="Reason")
+
+
+def may_hold(user: Any, task: Task) -> bool:
+    """Tenant admins place and lift legal holds."""
+    return Role.ADMIN in selectors.roles_in(user, task)
+
+
+@login_required
+@require_POST
+def task_legal_hold(request: HttpRequest, task_id: UUID) -> HttpResponse:
+    task = get_task_for_user(request.user, task_id)
+    if not may_hold(request.user, task):
+        raise PermissionDenied
+    form = LegalHoldForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "A reason is required (up to 500 characters): the hold is unchanged.")
+        return redirect("console:task", task_id=task.id)
+    hold = form.cleaned_data["hold"]
+    try:
+        changed = retention.set_legal_hold(
+            task, hold=hold, by=request.user.get_username(), reason=form.cleaned_data["reason"]
+        )
+    except TaskNotFound:
+        messages.error(request, "This task no longer exists.")
+        return redirect("console:queue")
+    if changed:
+        messages.success(request, "Legal hold placed." if hold else "Legal hold lifted.")
+    else:
+        messages.info(
+            request, "Nothing changed: a hold is in force." if hold else "Nothing changed: no hold."
+        )
+    return redirect("console:task", task_id=task.id)

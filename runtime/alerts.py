@@ -1,0 +1,422 @@
+"""Alerts: every task with no valid next event coming becomes one open ``Alert``, raised once.
+
+A periodic scan (``scan``: Celery beat's ``runtime.alerts_scan``, or ``run_worker --sweep``,
+every ``ALERT_SCAN_INTERVAL`` seconds) runs one classifier per kind of alert. Each
+classifier is a condition on the task row (the first three are the clauses of
+the queue's "stuck" filter, ``tasks.selectors.stuck_condition``: one source of
+truth) and the words of its cause. Per kind the scan
+
+1. clears the open alerts whose task no longer meets the condition, or moved on
+   since the alert was raised: any transition after the alert's
+   ``state_version`` except an escalation (a self-loop that hands the task to
+   someone, not progress: the reconciler escalates an overdue unknown outcome
+   at the very age that raises its alert, and re-raising it would bury the
+   acknowledgement under a duplicate);
+2. raises an alert for every task meeting the condition that has no open alert
+   of that kind: one ``INSERT … SELECT … ON CONFLICT DO NOTHING``, so the work
+   is set-based at any table size, and two scans racing insert once (the
+   partial unique constraint ``alert_one_open_per_kind``).
+
+Clearing comes first, so a task that moved and is stuck again gets a fresh
+alert at its new version in the same scan. A wait before its deadline — a
+three-day approval wait included — is a task someone owns, never an alert.
+
+People acknowledge an alert (with a note) or snooze it until a time: operators
+and admins of its tenant; auditors read. Each is an append-only ``AlertNote``;
+the alert itself keeps the first acknowledgement and the current snooze.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import (
+    DateTimeField,
+    Exists,
+    Expression,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+    TextField,
+    Value,
+)
+from django.db.models.functions import Concat
+from django.http import Http404
+from django.utils import timezone
+
+from audit.models import TransitionEvent
+from runtime.models import Alert, AlertKind, AlertNote
+from tasks import selectors
+from tasks.models import Task
+from tasks.states import State, Trigger
+from tenancy.models import Role
+from tenancy.selectors import has_role, tenant_ids_for
+
+log = logging.getLogger(__name__)
+
+# Who reads alerts (list, page, badge) and who acknowledges and snoozes them.
+READ_ROLES = (Role.OPERATOR, Role.ADMIN, Role.AUDITOR)
+HANDLE_ROLES = (Role.OPERATOR, Role.ADMIN)
+BADGE_CAP = 99  # the navigation badge counts up to here ("99+"), like the approvals badge
+MAX_SNOOZE = timedelta(days=30)  # a longer silence is a decision to take elsewhere (fix or cancel the task)
+NOTE_MAX = 2000
+
+
+# --- the classifiers: one per kind ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Which tasks an alert kind covers at a moment, and the words of its cause (SQL, per task row)."""
+
+    condition: Q
+    cause: Expression
+
+
+def _words(*parts: str | F) -> Expression:
+    """Text and columns joined in SQL (each task's own state, region, reason in its cause)."""
+    if len(parts) == 1 and isinstance(parts[0], str):
+        return Value(parts[0], output_field=TextField())
+    expressions = [Value(part, output_field=TextField()) if isinstance(part, str) else part for part in parts]
+    return Concat(*expressions, output_field=TextField())
+
+
+def no_live_lease(now: datetime) -> Rule:
+    """Runnable (``ready``, ``resume_validation``, ``cancel_requested``) for over ``STUCK_AFTER``
+    seconds with no lease heartbeat in that time: no worker of its region is taking it — workers
+    down, none serving the region, or the doorbell and the sweep both silent."""
+    return Rule(
+        selectors.unattended_condition(now),
+        _words(
+            F("state"),
+            f" and no worker has held its lease for over {settings.STUCK_AFTER:g} s: "
+            "are workers for region “",
+            F("region"),
+            "” running?",
+        ),
+    )
+
+
+def wait_past_deadline(now: datetime) -> Rule:
+    """A wait whose ``wait_deadline`` passed over ``STUCK_AFTER`` seconds ago and is still open: the
+    sweep ends every wait at its deadline, so it is not running. A wait before its deadline (a
+    three-day approval wait) is not an alert."""
+    return Rule(
+        selectors.overdue_wait_condition(now),
+        _words(
+            F("state"),
+            f" past its wait deadline by over {settings.STUCK_AFTER:g} s and nothing ended the wait: "
+            "is the sweep (celery beat) running?",
+        ),
+    )
+
+
+def unknown_outcome_overdue(now: datetime) -> Rule:
+    """``outcome_unknown`` for over ``UNKNOWN_OUTCOME_ESCALATE_AFTER`` seconds: the reconciler has
+    not settled the effect in doubt (the system does not answer its lookup, or it is not running)."""
+    return Rule(
+        selectors.unknown_overdue_condition(now),
+        _words(
+            f"outcome unknown for over {settings.UNKNOWN_OUTCOME_ESCALATE_AFTER:g} s and the reconciler "
+            "has not settled it: reconcile now, or check the system by hand",
+        ),
+    )
+
+
+def quarantine_overdue(now: datetime) -> Rule:
+    """``quarantined`` for over ``ALERT_QUARANTINE_AFTER`` seconds: nothing releases a quarantined
+    task by itself, and nobody has released or canceled this one."""
+    return Rule(
+        Q(
+            state=State.QUARANTINED,
+            state_entered_at__lt=now - timedelta(seconds=settings.ALERT_QUARANTINE_AFTER),
+        ),
+        _words(
+            f"quarantined for over {settings.ALERT_QUARANTINE_AFTER:g} s (",
+            F("state_reason"),
+            "): release it or cancel it",
+        ),
+    )
+
+
+def cancel_unconfirmed(now: datetime) -> Rule:
+    """``cancel_requested`` for over ``ALERT_CANCEL_AFTER`` seconds: no worker has settled the
+    in-flight effects and confirmed the cancellation (an effect in doubt, or no worker at all)."""
+    return Rule(
+        Q(
+            state=State.CANCEL_REQUESTED,
+            state_entered_at__lt=now - timedelta(seconds=settings.ALERT_CANCEL_AFTER),
+        ),
+        _words(
+            f"cancel requested over {settings.ALERT_CANCEL_AFTER:g} s ago and not confirmed: "
+            "check its side effects in doubt and its region's workers"
+        ),
+    )
+
+
+CLASSIFIERS: dict[AlertKind, Callable[[datetime], Rule]] = {
+    AlertKind.NO_LIVE_LEASE: no_live_lease,
+    AlertKind.WAIT_PAST_DEADLINE: wait_past_deadline,
+    AlertKind.UNKNOWN_OUTCOME_OVERDUE: unknown_outcome_overdue,
+    AlertKind.QUARANTINE_OVERDUE: quarantine_overdue,
+    AlertKind.CANCEL_UNCONFIRMED: cancel_unconfirmed,
+}
+
+
+# --- the scan ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class ScanReport:
+    raised: dict[str, int] = field(default_factory=dict)
+    cleared: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "raised": sum(self.raised.values()),
+            "cleared": sum(self.cleared.values()),
+            **{f"raised.{kind}": n for kind, n in self.raised.items() if n},
+            **{f"cleared.{kind}": n for kind, n in self.cleared.items() if n},
+        }
+
+
+def scan(*, now: datetime | None = None) -> ScanReport:
+    """Clear what no longer holds, then raise what newly holds, kind by kind (module docstring)."""
+    now = now or timezone.now()
+    report = ScanReport()
+    for kind, classify in CLASSIFIERS.items():
+        rule = classify(now)
+        report.cleared[kind] = _clear(kind, rule, now)
+        report.raised[kind] = _raise(kind, rule, now)
+    if any(report.raised.values()) or any(report.cleared.values()):
+        log.info("alerts", extra=report.as_dict())
+    return report
+
+
+def _clear(kind: AlertKind, rule: Rule, now: datetime) -> int:
+    """One UPDATE: the open alerts of ``kind`` whose task left the condition or moved on."""
+    holds = Task.objects.filter(rule.condition, pk=OuterRef("task_id"))
+    moved = TransitionEvent.objects.filter(
+        task_id=OuterRef("task_id"), state_version__gt=OuterRef("state_version")
+    ).exclude(trigger=Trigger.ESCALATE)
+    return (
+        Alert.objects.filter(kind=kind, cleared_at__isnull=True, task__isnull=False)
+        .filter(~Exists(holds) | Exists(moved))
+        .update(cleared_at=now)
+    )
+
+
+# Every column an alert is raised with; the others keep their NULL (or are filled below).
+_RAISED = {
+    "tenant_id": F("tenant_id"),
+    "task_id": F("id"),
+    "state_version": F("state_version"),
+}
+
+
+def _raise(kind: AlertKind, rule: Rule, now: datetime) -> int:
+    """One INSERT … SELECT: an alert for each task meeting ``rule`` without an open one of ``kind``."""
+    already = Alert.objects.filter(task_id=OuterRef("pk"), kind=kind, cleared_at__isnull=True)
+    columns = {
+        **_RAISED,
+        "kind": Value(str(kind)),
+        "cause": rule.cause,
+        "raised_at": Value(now, output_field=DateTimeField()),
+        "acknowledged_by_name": Value(""),
+        "acknowledgement_note": Value(""),
+    }
+    # Annotated under prefixed names and selected by name below: the ORM's own SQL (and quoting) for
+    # the condition, whatever order it puts the columns in.
+    candidates = (
+        Task.objects.filter(rule.condition)
+        .filter(~Exists(already))
+        .annotate(**{f"alert_{name}": value for name, value in columns.items()})
+        .values(*(f"alert_{name}" for name in columns))
+        .order_by()
+    )
+    select, params = candidates.query.sql_with_params()
+    quote = connection.ops.quote_name
+    # "WHERE true": SQLite's parser needs it to tell ON CONFLICT from a join condition.
+    sql = (
+        f"INSERT INTO {quote(Alert._meta.db_table)} ({', '.join(quote(name) for name in columns)}) "
+        f"SELECT {', '.join(quote(f'alert_{name}') for name in columns)} FROM ({select}) candidate "
+        "WHERE true ON CONFLICT DO NOTHING"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return max(cursor.rowcount, 0)
+
+
+# --- reading ----------------------------------------------------------------------------------------
+
+
+def visible_alerts(user: Any) -> QuerySet[Alert]:
+    """Alerts of the tenants where ``user`` reads alerts (``READ_ROLES``); empty for anyone else."""
+    return Alert.objects.filter(tenant_id__in=tenant_ids_for(user, READ_ROLES))
+
+
+def get_alert(user: Any, alert_id: int) -> Alert:
+    """The alert if ``user`` holds any role in its tenant; ``Http404`` otherwise (ids leak nothing).
+
+    Any role, not only ``READ_ROLES``: an approver of the tenant is refused (403) by the
+    caller's role check, as for a task's controls; another tenant's user never learns it exists.
+    """
+    alert = (
+        Alert.objects.select_related("tenant", "task")
+        .filter(pk=alert_id, tenant_id__in=tenant_ids_for(user))
+        .first()
+    )
+    if alert is None:
+        raise Http404("No such alert")
+    return alert
+
+
+def may_handle(user: Any, alert: Alert) -> bool:
+    """Operators and admins of the alert's tenant acknowledge and snooze it."""
+    return has_role(user, alert.tenant_id, *HANDLE_ROLES)
+
+
+def snoozed(now: datetime) -> Q:
+    return Q(snoozed_until__gt=now)
+
+
+def needs_attention(now: datetime) -> Q:
+    """Open, nobody has acknowledged it, and not snoozed: what the navigation badge counts."""
+    return Q(cleared_at__isnull=True, acknowledged_at__isnull=True) & ~snoozed(now)
+
+
+def filter_alerts(
+    alerts: QuerySet[Alert],
+    *,
+    now: datetime,
+    is_open: bool | None = True,
+    acknowledged: bool | None = None,
+    is_snoozed: bool | None = None,
+    attention: bool = False,
+    kind: str = "",
+    task: UUID | None = None,
+) -> QuerySet[Alert]:
+    """``alerts`` narrowed by each filter given (None: either way)."""
+    if is_open is not None:
+        alerts = alerts.filter(cleared_at__isnull=is_open)
+    if acknowledged is not None:
+        alerts = alerts.filter(acknowledged_at__isnull=not acknowledged)
+    if is_snoozed is not None:
+        alerts = alerts.filter(snoozed(now)) if is_snoozed else alerts.exclude(snoozed(now))
+    if attention:
+        alerts = alerts.filter(needs_attention(now))
+    if kind:
+        alerts = alerts.filter(kind=kind)
+    if task is not None:
+        alerts = alerts.filter(task_id=task)
+    return alerts
+
+
+def attention_count(user: Any, *, cap: int = BADGE_CAP, now: datetime | None = None) -> int:
+    """How many alerts need attention in ``user``'s tenants, counted up to ``cap`` + 1 (one query,
+    on the ``alert_open`` partial index: its cost stays flat however many alerts there are)."""
+    tenant_ids = tenant_ids_for(user, READ_ROLES)
+    if not tenant_ids:
+        return 0
+    found = Alert.objects.filter(tenant_id__in=tenant_ids).filter(needs_attention(now or timezone.now()))
+    return found.order_by().values("id")[: cap + 1].count()
+
+
+@dataclass(frozen=True)
+class AlertPage:
+    alerts: list[Alert]
+    next_before: int | None  # the ``before`` of the next (older) page; None on the last
+
+
+def alerts_page(alerts: QuerySet[Alert], *, before: int | None, limit: int) -> AlertPage:
+    """One page newest first, strictly older than alert ``before`` (keyset on id), with each
+    alert's tenant, task and notes (two queries)."""
+    if before is not None:
+        alerts = alerts.filter(id__lt=before)
+    rows = list(
+        alerts.select_related("tenant", "task").prefetch_related("notes").order_by("-id")[: limit + 1]
+    )
+    more = len(rows) > limit
+    return AlertPage(rows[:limit], rows[limit - 1].id if more else None)
+
+
+# --- acknowledging and snoozing ---------------------------------------------------------------------
+
+
+class AlertRefused(Exception):
+    """Nothing was recorded: ``status`` says how an API answers (400 bad input, 409 the alert's state);
+    ``field`` names the input at fault, if one is."""
+
+    def __init__(self, message: str, *, status: int = 400, field: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.field = field
+
+
+def _name(user: Any) -> str:
+    return str(user.get_username())[:150]
+
+
+def acknowledge(alert: Alert, *, user: Any, note: str, now: datetime | None = None) -> tuple[Alert, bool]:
+    """Record ``user``'s acknowledgement of ``alert`` with ``note``; returns the alert and whether
+    this was its first acknowledgement (later ones are recorded as notes; the first stands on the
+    alert). Also for a cleared alert: what was done about it is worth keeping.
+
+    The caller has checked ``may_handle``. Refuses (``AlertRefused``, 400) a blank or overlong note.
+    """
+    note = note.strip()
+    if not note:
+        raise AlertRefused("A note is required: say what you are doing about it.", field="note")
+    if len(note) > NOTE_MAX:
+        raise AlertRefused(f"The note is longer than {NOTE_MAX} characters.", field="note")
+    now = now or timezone.now()
+    with transaction.atomic():
+        first = Alert.objects.filter(pk=alert.pk, acknowledged_at__isnull=True).update(
+            acknowledged_by=user,
+            acknowledged_by_name=_name(user),
+            acknowledged_at=now,
+            acknowledgement_note=note,
+        )
+        AlertNote.objects.create(
+            alert=alert, kind=AlertNote.Kind.ACKNOWLEDGE, by=user, by_name=_name(user), at=now, note=note
+        )
+    alert.refresh_from_db()
+    return alert, bool(first)
+
+
+def snooze(alert: Alert, *, user: Any, until: datetime, note: str = "", now: datetime | None = None) -> Alert:
+    """Silence ``alert`` in the badge until ``until`` (a later snooze replaces it), recorded as a note.
+
+    The caller has checked ``may_handle``. Refuses (``AlertRefused``): a time not in the future or
+    more than ``MAX_SNOOZE`` ahead, or an overlong note (400); a cleared alert (409: nothing to silence).
+    """
+    now = now or timezone.now()
+    note = note.strip()
+    if until <= now:
+        raise AlertRefused("Snooze until a time in the future.", field="until")
+    if until > now + MAX_SNOOZE:
+        raise AlertRefused(f"Snooze for at most {MAX_SNOOZE.days} days.", field="until")
+    if len(note) > NOTE_MAX:
+        raise AlertRefused(f"The note is longer than {NOTE_MAX} characters.", field="note")
+    with transaction.atomic():
+        if not Alert.objects.filter(pk=alert.pk, cleared_at__isnull=True).update(snoozed_until=until):
+            raise AlertRefused("The alert was cleared: the task moved on, nothing to snooze.", status=409)
+        AlertNote.objects.create(
+            alert=alert,
+            kind=AlertNote.Kind.SNOOZE,
+            by=user,
+            by_name=_name(user),
+            at=now,
+            note=note,
+            snoozed_until=until,
+        )
+    alert.refresh_from_db()
+    return alert

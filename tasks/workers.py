@@ -1,0 +1,27 @@
+"""Celery entry points of the tasks app (beat: ``retention`` in ``CELERY_BEAT_SCHEDULE``)."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from tasks import retention
+
+logger = logging.getLogger(__name__)
+
+
+@shared_task(name="tasks.retention")
+def run_retention() -> str:
+    """Archive and delete what the retention policies make due (``manage.py retention``'s function).
+
+    Beat connects as the application's role, which cannot delete history: there this archives and
+    logs how many deletions await a run as the owner role.
+    """
+    report = retention.run(dry_run=False)
+    waiting = report.total("awaiting_owner")
+    if waiting:
+        logger.warning(
+            "retention: %s tasks due for deletion await `manage.py retention` as the database owner", waiting
+        )
+    return f"{report.archived} archived, {report.deleted} deleted, {waiting} awaiting the owner"
