@@ -23,6 +23,13 @@ class Task(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     region = models.CharField(max_length=32, default="default")
+    # Which region may advance the task, as of which ownership: ``manage.py failover`` bumps it, and every
+    # worker's commit carries the epoch its lease was claimed at (``tasks.leases``), so a commit from the
+    # region that lost the task is refused (``StaleEpoch``).
+    ownership_epoch = models.PositiveIntegerField(default=1, db_default=1)
+    # The schema version of the task's newest checkpoint: a worker whose code cannot read it does not
+    # claim the task (mixed-version rollouts; ``tasks.checkpoints.READABLE``).
+    checkpoint_schema = models.PositiveSmallIntegerField(default=2, db_default=2)
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
     )

@@ -19,6 +19,7 @@ class State(models.TextChoices):
     WAITING_APPROVAL = "waiting_approval"
     WAITING_EXTERNAL = "waiting_external"
     WAITING_RETRY = "waiting_retry"
+    WAITING_CHILDREN = "waiting_children"
     OUTCOME_UNKNOWN = "outcome_unknown"
     CANCEL_REQUESTED = "cancel_requested"
     RESUME_VALIDATION = "resume_validation"
@@ -31,7 +32,13 @@ class State(models.TextChoices):
 
 TERMINAL = frozenset({State.COMPLETED, State.FAILED, State.CANCELED, State.EXPIRED})
 WAITING = frozenset(
-    {State.WAITING_INPUT, State.WAITING_APPROVAL, State.WAITING_EXTERNAL, State.WAITING_RETRY}
+    {
+        State.WAITING_INPUT,
+        State.WAITING_APPROVAL,
+        State.WAITING_EXTERNAL,
+        State.WAITING_RETRY,
+        State.WAITING_CHILDREN,
+    }
 )
 NON_TERMINAL = frozenset(State) - TERMINAL
 # States a worker may hold a lease in and run steps from.
@@ -55,13 +62,17 @@ class Trigger(models.TextChoices):
     REQUEST_INPUT = "request_input"
     REQUEST_APPROVAL = "request_approval"
     AWAIT_EXTERNAL = "await_external"
+    AWAIT_CHILDREN = "await_children"
     ATTEMPT_FAILED = "attempt_failed"
+    STEP_TIMED_OUT = "step_timed_out"
+    TURN_CANCELED = "turn_canceled"
     DISPATCH_UNKNOWN = "dispatch_unknown"
     COMPLETE = "complete"
     FAIL = "fail"
     INPUT_RECEIVED = "input_received"
     APPROVAL_DECIDED = "approval_decided"
     EXTERNAL_EVENT = "external_event"
+    CHILDREN_DONE = "children_done"
     BACKOFF_ELAPSED = "backoff_elapsed"
     WAIT_EXPIRED = "wait_expired"
     DEADLINE_PASSED = "deadline_passed"
@@ -81,6 +92,7 @@ class Trigger(models.TextChoices):
     RELEASE = "release"
     RETRY = "retry"
     ESCALATE = "escalate"
+    FAILOVER = "failover"
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,11 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     + _edges([S.READY], S.WAITING_APPROVAL, T.REQUEST_APPROVAL, A.WORKER)
     + _edges([S.READY], S.WAITING_EXTERNAL, T.AWAIT_EXTERNAL, A.WORKER)
     + _edges([S.READY, S.RESUME_VALIDATION], S.WAITING_RETRY, T.ATTEMPT_FAILED, A.WORKER)
+    # Kept apart from a failure: a step that ran out of time, a model turn an operator canceled.
+    + _edges([S.READY], S.WAITING_RETRY, T.STEP_TIMED_OUT, A.WORKER)
+    + _edges([S.READY], S.WAITING_RETRY, T.TURN_CANCELED, A.WORKER)
+    # A step started child tasks; the parent waits until every child has ended.
+    + _edges([S.READY], S.WAITING_CHILDREN, T.AWAIT_CHILDREN, A.WORKER)
     + _edges([S.READY, S.CANCEL_REQUESTED], S.OUTCOME_UNKNOWN, T.DISPATCH_UNKNOWN, A.WORKER)
     + _edges([S.READY], S.COMPLETED, T.COMPLETE, A.WORKER)
     + _edges([S.READY, S.RESUME_VALIDATION], S.FAILED, T.FAIL, A.WORKER)
@@ -115,6 +132,7 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     + _edges([S.WAITING_APPROVAL], S.RESUME_VALIDATION, T.APPROVAL_DECIDED, A.APPROVER)
     + _edges([S.WAITING_EXTERNAL], S.RESUME_VALIDATION, T.EXTERNAL_EVENT, A.INTEGRATOR, A.SYSTEM)
     + _edges([S.WAITING_RETRY], S.RESUME_VALIDATION, T.BACKOFF_ELAPSED, A.SYSTEM)
+    + _edges([S.WAITING_CHILDREN], S.RESUME_VALIDATION, T.CHILDREN_DONE, A.SYSTEM, A.WORKER)
     + _edges([S.WAITING_RETRY], S.RESUME_VALIDATION, T.RETRY, A.OPERATOR, A.ADMIN)
     # A wait past its wait_deadline either revalidates (the task type may re-request)
     # or expires; a task past its own deadline expires.
@@ -136,7 +154,8 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     + _edges([S.OUTCOME_UNKNOWN], S.WAITING_RETRY, T.RESEND_BACKOFF, A.WORKER, A.SYSTEM, A.OPERATOR, A.ADMIN)
     # Cancellation is a request; a worker confirms it after reconciling in-flight effects.
     # An operator control: integrating systems start and feed tasks, they do not stop them.
-    + _edges(NON_TERMINAL - {S.CANCEL_REQUESTED}, S.CANCEL_REQUESTED, T.CANCEL, A.OPERATOR, A.ADMIN)
+    # The system pulls it too, for the children of a parent whose cancel covers them.
+    + _edges(NON_TERMINAL - {S.CANCEL_REQUESTED}, S.CANCEL_REQUESTED, T.CANCEL, A.OPERATOR, A.ADMIN, A.SYSTEM)
     + _edges([S.CANCEL_REQUESTED], S.CANCELED, T.CANCEL_CONFIRMED, A.WORKER, A.SYSTEM)
     # Quarantine holds a task nothing can safely resume; release sends it back
     # through validation (after its checkpoint was migrated or repaired).
@@ -149,6 +168,8 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     + [Edge(s, s, T.LATE_EFFECT_FOUND, frozenset({A.SYSTEM})) for s in sorted(TERMINAL)]
     # Escalation is orthogonal to state: a self-loop that bumps the version.
     + [Edge(s, s, T.ESCALATE, frozenset({A.OPERATOR, A.ADMIN, A.SYSTEM})) for s in sorted(NON_TERMINAL)]
+    # So is ownership: failover moves a task to another region and bumps its epoch (manage.py failover).
+    + [Edge(s, s, T.FAILOVER, frozenset({A.SYSTEM})) for s in sorted(NON_TERMINAL)]
 )
 
 _BY_SOURCE: dict[State, tuple[Edge, ...]] = {
