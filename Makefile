@@ -16,7 +16,7 @@ PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check --require-
 PIP_TOOLS ?= pip-tools==7.6.2
 LOCK_VENV ?= var/pip-tools
 
-.PHONY: install install-dev demo test chaos bench bench-e2e bench-leases bench-approvals bench-console bench-all lint locks
+.PHONY: install install-dev demo test soak-tests chaos bench bench-e2e bench-leases bench-approvals bench-console bench-all lint locks
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -41,12 +41,18 @@ test: install-dev
 	scripts/ensure-chromium
 	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 2 $(PYTEST_ARGS) || { status=$$?; [ "$$status" -eq 5 ] && [ -n "$${CI:-}" ]; }
 
+# What the default run leaves out (pytest -m slow): the payment soak at full size and the whole
+# benchmark entry point's reduced matrix. Each has a small twin in make test.
+soak-tests: install-dev
+	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 2 -m slow $(PYTEST_ARGS)
+
 # The chaos soak at full size (scripts/soak.py; a small one runs in make test), then the fault suites:
-# real processes killed, frozen, starved, poisoned. SOAK_ARGS=... changes the soak's size.
+# real processes killed, frozen, starved, poisoned, the payment soak at full size among them (-m: the
+# slow ones too). SOAK_ARGS=... changes the soak's size.
 SOAK_ARGS ?= --tasks 10000 --kills 100
 chaos: install-dev
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python scripts/soak.py $(SOAK_ARGS)
-	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 2 tests/chaos tests/runtime tests/ledger $(PYTEST_ARGS)
+	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 2 -m "slow or not slow" tests/chaos tests/runtime tests/ledger $(PYTEST_ARGS)
 
 # mypy's django-stubs plugin imports config.settings, which reads the environment: pin what it needs
 # so a production-like shell (DEBUG=0 without SECRET_KEY) cannot break the type check.

@@ -17,7 +17,7 @@ from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS
 from audit.models import LeaseTakeover, TransitionEvent
 from ledger.models import Action
 from tasks import checkpoints, registry, retention, reveal, sealing, selectors, values
-from tasks.models import Checkpoint, Lease, Task
+from tasks.models import CancelRequest, Checkpoint, Lease, Task
 from tasks.states import State
 from tenancy.models import Tenant
 
@@ -74,11 +74,15 @@ class TaskDetail(TaskSummary):
     ledger = serializers.SerializerMethodField()
     allowed_transitions = serializers.SerializerMethodField()
     reruns = serializers.SerializerMethodField()
+    children = serializers.SerializerMethodField()
+    cancel_requests = serializers.SerializerMethodField()
 
     class Meta(TaskSummary.Meta):
         fields = TaskSummary.Meta.fields + [
             "owner",
             "parent",
+            "children",
+            "cancel_requests",
             "rerun_of",
             "reruns",
             "input",
@@ -151,6 +155,27 @@ class TaskDetail(TaskSummary):
         """Ids of the tasks started to run this one again, oldest first (``rerun_of``'s FK index)."""
         reruns = Task.objects.filter(rerun_of=task).order_by("id").values_list("pk", flat=True)
         return [str(pk) for pk in reruns]
+
+    def get_children(self, task: Task) -> list[dict[str, str]]:
+        """The tasks this one started (``StartChildren``), oldest first, with their states."""
+        rows = Task.objects.filter(parent=task).order_by("id").values("id", "task_type", "state")
+        return [{"id": str(r["id"]), "task_type": r["task_type"], "state": r["state"]} for r in rows]
+
+    def get_cancel_requests(self, task: Task) -> list[dict[str, Any]]:
+        """Every cancel request, newest first: scope, who asked at which version, and what came of it."""
+        return [
+            {
+                "scope": r.scope,
+                "status": r.status,
+                "requested_by": r.requested_by,
+                "requested_version": r.requested_version,
+                "requested_at": r.requested_at,
+                "reason": r.reason,
+                "resolved_at": r.resolved_at,
+                "resolution": r.resolution,
+            }
+            for r in CancelRequest.objects.filter(task=task).order_by("-requested_at")
+        ]
 
     def get_allowed_transitions(self, task: Task) -> list[dict[str, str]]:
         return selectors.allowed_moves(self.context["request"].user, task)

@@ -97,7 +97,8 @@ Step = Callable[[int], None]  # performs transition number n of one writer
 
 # tasks_task columns in model order, as the ORM selects them.
 TASK_COLUMNS = (
-    "id", "tenant_id", "task_type", "owner_id", "region", "parent_id", "rerun_of_id", "state",
+    "id", "tenant_id", "task_type", "owner_id", "region", "ownership_epoch", "checkpoint_schema", "parent_id",
+    "rerun_of_id", "state",
     "state_version", "state_reason", "outcome", "objective", "input", "idempotency_key", "request_digest",
     "deadline", "wait_deadline", "attempt", "policy_version", "model_id", "prompt_id", "toolset_id",
     "escalation_level", "escalated_to", "escalation_reason", "audit_head", "created_at", "updated_at",
@@ -118,9 +119,9 @@ CHECKPOINT_COLUMNS = ("task_id", "state_version", "schema_version", "codec", "bo
 SELECT_TASK = f"SELECT {', '.join(TASK_COLUMNS)} FROM tasks_task WHERE id = %s ORDER BY id ASC LIMIT 1"
 UPDATE_TASK = (
     "UPDATE tasks_task SET state = %s, state_version = (state_version + 1), state_reason = %s, "
-    "updated_at = %s, state_entered_at = %s, audit_head = %s, "
+    "updated_at = %s, state_entered_at = %s, audit_head = %s, checkpoint_schema = %s, "
     + ", ".join(f"{name} = %s" for name in CHANGEABLE_COLUMNS)
-    + " WHERE (id = %s AND state = %s AND state_version = %s)"
+    + " WHERE (id = %s AND state = %s AND state_version = %s AND ownership_epoch = %s)"
 )
 INSERT_EVENT = (
     f"INSERT INTO audit_transitionevent ({', '.join(EVENT_COLUMNS)}) "
@@ -198,8 +199,9 @@ def raw_transition(
         # A self-loop keeps state_entered_at and wait_deadline; CHANGEABLE fields are written back as read.
         outcome = Jsonb(task["outcome"]) if task["outcome"] is not None else None
         changeable = [outcome, *(task[name] for name in CHANGEABLE_COLUMNS[1:])]
-        where = [task_id, "ready", expected_version]
-        cur.execute(UPDATE_TASK, ["ready", "", now, task["state_entered_at"], head, *changeable, *where])
+        where = [task_id, "ready", expected_version, task["ownership_epoch"]]
+        written = ["ready", "", now, task["state_entered_at"], head, 1]  # 1: the body's schema
+        cur.execute(UPDATE_TASK, [*written, *changeable, *where])
         if cur.rowcount != 1:
             raise RuntimeError(f"task {task_id} moved on from v{expected_version}")
         cur.execute(INSERT_EVENT, [*fields.values(), prev_hash, head, key.id])

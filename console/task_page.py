@@ -42,7 +42,7 @@ from runtime import controls
 from tasks import checkpoints, registry, retention, reveal, sealing, selectors, services
 from tasks.checkpoints import CheckpointUnreadable
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
-from tasks.models import Checkpoint, Lease, Task
+from tasks.models import CancelRequest, Checkpoint, Lease, Task
 from tasks.states import RUNNABLE, TERMINAL, WAITING, ActorKind, State, Trigger
 from tasks.transitions import Actor
 
@@ -50,6 +50,8 @@ TIMELINE_PAGE = 50
 STORED_SHOWN = 20_000  # characters of an unreadable checkpoint shown as stored
 CHECKPOINT_LINKS = 30  # newest checkpoint versions linked from the viewer (any other: by number)
 ACTIONS_SHOWN = 100
+CHILDREN_SHOWN = 100  # a parent page lists this many children (order_batch starts at most 20)
+CANCELS_SHOWN = 20
 APPROVALS_SHOWN = 20
 TAKEOVERS_SHOWN = 5
 DRAFT_KEY = "console:task-drafts"  # session: task id -> {"form": control|"answer"|"rerun", fields...}
@@ -562,6 +564,7 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         if draft.get("form") == "rerun":
             initial["reason"] = draft.get("reason", "")
         rerun_form = RerunForm(initial=initial)
+    children = Task.objects.filter(parent=task).order_by("id").values("id", "state", "task_type")
     return {
         "why": _why(
             task,
@@ -588,6 +591,12 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         if task.rerun_of_id
         else None,
         "reruns": list(Task.objects.filter(rerun_of=task).order_by("id").values("id", "state")[:20]),
+        "parent": Task.objects.filter(pk=task.parent_id).values("id", "state", "task_type").first()
+        if task.parent_id
+        else None,
+        "children": list(children[:CHILDREN_SHOWN]),
+        "children_cap": CHILDREN_SHOWN,
+        "cancel_requests": CancelRequest.objects.filter(task=task).order_by("-requested_at")[:CANCELS_SHOWN],
         "actions": list(Action.objects.filter(task=task).order_by("id")[:ACTIONS_SHOWN]),
         "actions_cap": ACTIONS_SHOWN,
         "approvals": ApprovalRequest.objects.filter(task=task).order_by("-created_at")[:APPROVALS_SHOWN],

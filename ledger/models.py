@@ -26,7 +26,8 @@ class DispatchState(models.TextChoices):
 # The ledger's own state machine: which dispatch state may follow which.
 # ``ledger.services.action_move`` is the only writer and checks this table.
 DISPATCH_MOVES: dict[str, frozenset[str]] = {
-    DispatchState.INTENDED: frozenset({DispatchState.DISPATCHING}),
+    # or withdrawn before it was ever sent (a cancel): definitely not performed
+    DispatchState.INTENDED: frozenset({DispatchState.DISPATCHING, DispatchState.FAILED}),
     DispatchState.DISPATCHING: frozenset(
         {
             DispatchState.SUCCEEDED,

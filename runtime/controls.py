@@ -15,9 +15,9 @@ from typing import Any
 
 from approvals import services as approvals
 from runtime.reconcile import reconcile_task
-from tasks import services
+from tasks import cancellation, services
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
-from tasks.models import Task
+from tasks.models import CancelScope, Task
 from tasks.states import State, Trigger, edges_from, kinds_for_roles
 from tasks.transitions import Actor, advance
 
@@ -36,7 +36,7 @@ CONTROLS: dict[str, Trigger] = {
 }
 # Controls whose result is visible in the state alone: repeating one is a no-op.
 _SETTLED_BY_STATE = {"cancel": State.CANCEL_REQUESTED, "quarantine": State.QUARANTINED}
-CANCEL_SCOPES = ("model_turn", "tool_call", "children", "task")
+CANCEL_SCOPES = tuple(CancelScope.values)
 ESCALATION_ROLES = ("operator", "approver", "admin")
 
 
@@ -91,6 +91,13 @@ def task_control(
             state_version=task.state_version,
         )
     actor = Actor.user(user, min(edge.by & kinds))
+    if control == "cancel" and scope != CancelScope.TASK:
+        if scope not in CANCEL_SCOPES:
+            raise ValueError(f"unknown cancel scope {scope!r}")
+        request, created = cancellation.request_scoped(task, scope, actor=actor, reason=reason)
+        note = request.resolution or f"{label(scope)} cancel recorded; the worker applies it at its next step"
+        return ControlResult(Task.objects.get(pk=task.pk), applied=created, note=note)
+    records: list[Any] = []
     if control == "reconcile":
         result = reconcile_task(task.id, actor=actor, force=True)  # asked by a person: ask the system now
         note = "; ".join(result.settled) or "nothing was in doubt"
@@ -114,6 +121,9 @@ def task_control(
             reason = f"{reason} ({retarget.note})"
     elif control == "cancel":
         reason_code = f"cancel:{scope}"
+        records.append(
+            cancellation.request_record(task, scope, actor=actor, reason=reason, at_version=expected_version)
+        )
     elif control == "retry_migration":
         read = services.latest_checkpoint(task)  # raises while this code still cannot read it
         reason = f"{reason} (checkpoint now reads: step {read.step}, schema {read.schema_version})"
@@ -125,8 +135,11 @@ def task_control(
         trigger=trigger,
         reason=reason,
         reason_code=reason_code,
+        records=records,
         also=also,
         **changes,
     )
     services.ring_if_runnable(task)
+    if control == "cancel":  # the children stop now, not when a worker gets to the parent
+        cancellation.cancel_children(task, reason=f"parent task {task.id} canceled: {reason}")
     return ControlResult(task, applied=True)

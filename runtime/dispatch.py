@@ -2,8 +2,10 @@
 
 1. Claim: one guarded UPDATE moves the action ``intended``/``reconciled_absent``
    -> ``dispatching``, only while the worker's lease is still live with its
-   fencing token (``tasks.leases.fence``). A second claimer, or a worker
-   whose task was taken over while it was paused, changes nothing.
+   fencing token and the task still at the lease's ownership epoch
+   (``tasks.leases.fence``). A second claimer, a worker whose task was taken
+   over while it was paused, or one whose region lost the task in a failover,
+   changes nothing.
 2. Check, then send: right before the request leaves, the worker checks its
    fence again and that it is still within ``SEND_WINDOW`` of its claim on
    its own clock; a worker that finds either gone sends nothing. The
@@ -36,9 +38,9 @@ from ledger.models import SENDABLE, Action, DispatchState
 from ledger.services import action_move
 from runtime import chaos, db
 from tasks import leases, metrics, sealing
-from tasks.exceptions import LeaseLost
+from tasks.exceptions import LeaseLost, StaleEpoch, StaleVersion
 from tasks.leases import Held
-from tasks.models import Lease
+from tasks.models import Lease, Task
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -62,11 +64,14 @@ def _lost(lease: Held, why: str) -> LeaseLost:
     return LeaseLost(f"lease #{lease.token} on task {lease.task_id} is no longer held: {why}")
 
 
-def claim(action_id: int, *, lease: Held) -> Claimed | None:
+def claim(action_id: int, *, lease: Held, at_version: int | None = None) -> Claimed | None:
     """Take a sendable action for the holder of ``lease``; None if it is not sendable (any more).
 
     Raises ``LeaseLost`` when the action is still sendable but the lease is
-    not held: the worker has lost its task and must stop.
+    not held, ``StaleEpoch`` when the task failed over to another region since
+    the lease was claimed: the worker has lost its task and must stop. Given
+    ``at_version`` (the task version the worker decided from), ``StaleVersion``
+    when the task moved on since — a cancel request, say: nothing is sent after it.
     """
     action = Action.objects.get(pk=action_id)
     if action.dispatch_state not in SENDABLE:
@@ -80,13 +85,29 @@ def claim(action_id: int, *, lease: Held) -> Claimed | None:
         action.dispatch_state,
         DispatchState.DISPATCHING,
         attempts=action.attempts,
-        fence=leases.fence(lease),
+        fence=leases.fence(lease, at_version=at_version),
     )
     if not moved:
         unchanged = Action.objects.filter(
             pk=action.pk, dispatch_state=action.dispatch_state, attempts=action.attempts
         ).exists()
         if unchanged:
+            owner = (
+                Task.objects.filter(pk=lease.task_id)
+                .values_list("ownership_epoch", "region", "state", "state_version")
+                .first()
+            )
+            if owner is not None and owner[0] != lease.epoch:
+                raise StaleEpoch(
+                    f"task {lease.task_id} failed over to region {owner[1]!r} at epoch {owner[0]}:"
+                    f" this worker's lease was claimed in {lease.region!r} at epoch {lease.epoch}: not sent"
+                )
+            if owner is not None and at_version is not None and owner[3] != at_version:
+                raise StaleVersion(
+                    f"task {lease.task_id} moved on to {owner[2]} v{owner[3]} since v{at_version}: not sent",
+                    state=owner[2],
+                    state_version=owner[3],
+                )
             raise _lost(lease, "cannot claim the send")
         return None
     return Claimed(Action.objects.get(pk=action_id), lease, time.monotonic(), effect)
@@ -97,8 +118,16 @@ def _may_still_send(claimed: Claimed) -> str:
     if time.monotonic() - claimed.at > SEND_WINDOW:
         return f"more than {SEND_WINDOW}s passed since the claim"
     lease = claimed.lease
-    if not Lease.objects.filter(task_id=lease.task_id, token=lease.token, worker_id=lease.worker_id).exists():
+    # One query for both fences: the lease row still ours, and its task's ownership epoch.
+    epoch = (
+        Lease.objects.filter(task_id=lease.task_id, token=lease.token, worker_id=lease.worker_id)
+        .values_list("task__ownership_epoch", flat=True)
+        .first()
+    )
+    if epoch is None:
         return "the task was taken over"
+    if epoch != lease.epoch:
+        return f"the task failed over to another region (now epoch {epoch}, the lease's {lease.epoch})"
     return ""
 
 
@@ -159,10 +188,10 @@ def send(claimed: Claimed) -> Action:
     return Action.objects.get(pk=action.pk)
 
 
-def claim_and_send(action_id: int, *, lease: Held) -> Action:
+def claim_and_send(action_id: int, *, lease: Held, at_version: int | None = None) -> Action:
     """Send the action if this worker can claim it; either way return its current row."""
     with tracer.start_as_current_span("action.dispatch") as span:
-        claimed = claim(action_id, lease=lease)
+        claimed = claim(action_id, lease=lease, at_version=at_version)
         action = send(claimed) if claimed is not None else Action.objects.get(pk=action_id)
         if span.is_recording():
             span.set_attributes({**action_attributes(action), "durable.action.sent": claimed is not None})

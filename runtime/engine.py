@@ -10,7 +10,9 @@ discarded, never applied over newer state.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -19,34 +21,63 @@ from django.conf import settings
 from approvals import services as approvals
 from approvals.models import ApprovalStatus
 from audit.models import TransitionEvent
-from ledger.models import IN_DOUBT, SENDABLE, SETTLED_FAILED, SETTLED_OK, Action
+from ledger.models import IN_DOUBT, SENDABLE, SETTLED_FAILED, SETTLED_OK, Action, DispatchState
+from ledger.services import action_move
 from runtime import db, dispatch, evidence, llm, reconcile, validation
 from runtime.llm import Model, ModelUnavailable
-from tasks import registry, sealing, services
+from tasks import cancellation, children, registry, sealing, services
 from tasks.checkpoints import Checkpoint, EvidenceRef, Progress, ToolCallRecord, as_fact
 from tasks.decisions import Decision, quarantine, retry_later
 from tasks.exceptions import StaleVersion
 from tasks.leases import Held
-from tasks.models import ExternalEvent, Task
-from tasks.states import State, Trigger
+from tasks.models import CancelRequest, CancelScope, ExternalEvent, Task
+from tasks.states import TERMINAL, State, Trigger
 from tasks.transitions import ActionIntent
 
 
 def decide(
-    task: Task, checkpoint: Checkpoint, *, model: Model, now: datetime, lease: Held | None = None
+    task: Task,
+    checkpoint: Checkpoint,
+    *,
+    model: Model,
+    now: datetime,
+    lease: Held | None = None,
+    cancels: Mapping[str, CancelRequest] | None = None,
 ) -> Decision | None:
     """The next transition for ``task``, or None when nothing can be decided yet.
 
     ``lease`` is the worker's: a dispatch step sends only under it (fenced).
+    ``cancels``: the task's open cancel requests by scope (``tasks.cancellation``),
+    as the worker read them before this step.
+    Raises ``llm.TurnCanceled`` when a cancel request interrupted the model turn:
+    the worker reads the task and its requests again, and decides from those.
     """
     kind = registry.get(task.task_type)
     progress = checkpoint.progress
+    cancels = cancels or {}
     if task.state == State.RESUME_VALIDATION:
-        return validation.validate(task, checkpoint, kind, now)
+        return _noting_migration(validation.validate(task, checkpoint, kind, now), checkpoint)
     if task.state == State.CANCEL_REQUESTED:
-        return _confirm_cancel(task, progress)
-    if checkpoint.deployment != settings.DEPLOYMENT_ID:
+        return _confirm_cancel(task, kind, progress)
+    if task.deadline is not None and now >= task.deadline:
+        return Decision(
+            State.EXPIRED,
+            Trigger.DEADLINE_PASSED,
+            progress,
+            reason="the task's deadline passed while it ran",
+            reason_code="deadline_passed",
+            changes={"outcome": {"reason": "deadline_passed"}},
+        )
+    if checkpoint.deployment != settings.DEPLOYMENT_ID or checkpoint.migrated_from is not None:
         written_by = checkpoint.deployment or "an unrecorded deployment"
+        if checkpoint.migrated_from is not None:  # an older schema: the event says so; revalidate first
+            return Decision(
+                State.RESUME_VALIDATION,
+                Trigger.DEPLOYMENT_CHANGED,
+                progress,  # written back at the current schema
+                reason_code="checkpoint_migrated",
+                reason=f"{_migration(checkpoint)}, written by {written_by}",
+            )
         return Decision(
             State.RESUME_VALIDATION,
             Trigger.DEPLOYMENT_CHANGED,
@@ -57,7 +88,28 @@ def decide(
     step = kind.step(checkpoint.step)
     if step is None:
         return quarantine(progress, "unknown_step", f"step {checkpoint.step!r} is not part of {kind.name}")
-    return _run_step(task, kind, step, progress, model=model, now=now, lease=lease)
+    return _run_step(task, kind, step, progress, model=model, now=now, lease=lease, cancels=cancels)
+
+
+def _migration(checkpoint: Checkpoint) -> str:
+    return (
+        f"checkpoint schema {checkpoint.migrated_from} migrated to {checkpoint.schema_version}"
+        f" (deployment {settings.DEPLOYMENT_ID})"
+    )
+
+
+def _noting_migration(verdict: Decision, checkpoint: Checkpoint) -> Decision:
+    """A validation of a checkpoint migrated from an older schema records the migration: a verdict
+    that found nothing else (``revalidated``) is ``checkpoint_migrated``; any other keeps its own
+    code, and its reason names the migration too. (The usual way in, ``deployment_changed``'s
+    edge from ``ready``, already wrote the migrated checkpoint.)"""
+    if checkpoint.migrated_from is None:
+        return verdict
+    if verdict.reason_code == "revalidated":
+        return dataclasses.replace(
+            verdict, reason_code="checkpoint_migrated", reason=f"{_migration(checkpoint)}; {verdict.reason}"
+        )
+    return dataclasses.replace(verdict, reason=f"{verdict.reason}; {_migration(checkpoint)}")
 
 
 def _no_event_arrived(task_id, event_type: str) -> None:
@@ -87,6 +139,7 @@ def _run_step(
     model: Model,
     now: datetime,
     lease: Held | None = None,
+    cancels: Mapping[str, CancelRequest],
 ) -> Decision | None:
     facts = dict(progress.facts)
     match step:
@@ -119,10 +172,24 @@ def _run_step(
             kept = [e for e in progress.evidence if (e.system, e.record_id) != (ref.system, ref.record_id)]
             return _advance_to(progress, step.next, task, facts=facts, evidence=[*kept, ref])
         case registry.ModelTurn():
+            turn_cancel = cancels.get(CancelScope.MODEL_TURN)
+            if turn_cancel is not None:
+                return _turn_canceled(task, kind, step, progress, now, turn_cancel)
+            timeout = step.timeout.total_seconds() if step.timeout is not None else None
             try:
-                with db.released():  # no database session held through the model's turn
+                with db.released(), llm.limits(timeout):  # no database session held through the turn
                     said = model.complete(prompt_id=step.prompt_id, system=step.instructions, facts=facts)
                 reply = llm.accepted(said)
+            except llm.ModelTimedOut as exc:
+                return retry_later(
+                    task,
+                    kind,
+                    progress,
+                    now,
+                    code="step_timeout",
+                    reason=str(exc),
+                    trigger=Trigger.STEP_TIMED_OUT,
+                )
             except ModelUnavailable as exc:
                 return retry_later(task, kind, progress, now, code="model_unavailable", reason=str(exc))
             except llm.ModelOutputInvalid as exc:
@@ -175,7 +242,14 @@ def _run_step(
         case registry.RequestApproval():
             return _approval_gate(task, kind, step, progress, now)
         case registry.Dispatch():
+            call_cancel = cancels.get(CancelScope.TOOL_CALL)
+            if call_cancel is not None:
+                withdrawn = _withdraw_call(task, step, progress, call_cancel)
+                if withdrawn is not None:
+                    return withdrawn
             return _dispatch(task, kind, step, progress, facts, lease)
+        case registry.StartChildren():
+            return _start_children(task, step, progress, facts, now)
         case registry.Complete():
             outcome = services.seal_outcome(task, {name: facts.get(name) for name in step.outcome})
             return Decision(State.COMPLETED, Trigger.COMPLETE, progress, changes={"outcome": outcome})
@@ -249,7 +323,7 @@ def _dispatch(
     if action.dispatch_state in SENDABLE:
         if lease is None:
             raise ValueError("a side effect is sent only under a worker's lease")
-        action = dispatch.claim_and_send(action.pk, lease=lease)
+        action = dispatch.claim_and_send(action.pk, lease=lease, at_version=task.state_version)
         if action.dispatch_state in SENDABLE:
             return None  # moved back and forth under us: look again on the next claim, never call it unknown
     if action.dispatch_state in SETTLED_OK:
@@ -291,13 +365,162 @@ def _dispatch(
     )
 
 
-def _confirm_cancel(task: Task, progress: Progress) -> Decision | None:
-    """Cancel after settling every in-flight effect; report what stays done.
+def _turn_canceled(
+    task: Task,
+    kind: registry.TaskType,
+    step: registry.ModelTurn,
+    progress: Progress,
+    now: datetime,
+    request: CancelRequest,
+) -> Decision:
+    """An operator canceled the model turn: not a failure (the attempt count stays); asked again later."""
+    return Decision(
+        State.WAITING_RETRY,
+        Trigger.TURN_CANCELED,
+        progress.model_copy(update={"step": step.name}),
+        reason=f"model turn at {step.name} canceled: {request.reason}",
+        reason_code=f"cancel:{CancelScope.MODEL_TURN}",
+        changes={"wait_deadline": now + kind.backoff_for(max(task.attempt, 1))},
+        also=(
+            functools.partial(
+                cancellation.resolve,
+                [request],
+                applied=True,
+                note=f"the turn at {step.name} was stopped; it runs again after the backoff",
+            ),
+        ),
+    )
 
-    Effects cannot be unsent: whatever the authoritative systems performed is
-    listed in the outcome as not undone. If a system cannot say yet, decide
-    nothing now (the sweep brings the task back).
+
+def _withdraw_call(
+    task: Task, step: registry.Dispatch, progress: Progress, request: CancelRequest
+) -> Decision | None:
+    """Apply a ``tool_call`` cancel to this dispatch step; None when the call goes on as usual.
+
+    Not yet sent (no intent, or an intent never claimed): withdrawn in the same
+    commit as the task's move, so it is never sent. Already sent: it cannot be
+    unsent; the request is closed saying so, and the call's outcome is settled
+    as any other (reconciled when in doubt).
     """
+    if any(call.step == step.name for call in progress.tool_calls):
+        return None  # this call is done; the request waits for the next one
+    action = Action.objects.filter(task=task, step=step.name).order_by("-id").first()
+    if action is not None and action.dispatch_state not in SENDABLE:
+        cancellation.resolve(
+            [request],
+            applied=False,
+            note=f"{action.idempotency_key} was already sent ({action.dispatch_state}); it cannot be unsent "
+            "and is settled with the system as usual",
+        )
+        return None
+    writes: list[Any] = [
+        functools.partial(
+            cancellation.resolve,
+            [request],
+            applied=True,
+            note=f"the call at {step.name} was withdrawn unsent",
+        )
+    ]
+    if action is not None:
+        writes.append(functools.partial(_withdraw, action))
+    reason = f"tool call at {step.name} canceled before it was sent: {request.reason}"
+    if step.on_rejected:
+        return Decision(
+            State.READY,
+            Trigger.STEP,
+            progress.model_copy(
+                update={"step": step.on_rejected, "facts": {**progress.facts, f"{step.name}_canceled": True}}
+            ),
+            reason=reason,
+            reason_code=f"cancel:{CancelScope.TOOL_CALL}",
+            also=tuple(writes),
+        )
+    return Decision(
+        State.FAILED,
+        Trigger.FAIL,
+        progress.model_copy(update={"step": step.name}),
+        reason=reason,
+        reason_code="tool_call_canceled",
+        changes={"outcome": {"reason": "tool_call_canceled", "step": step.name}},
+        also=tuple(writes),
+    )
+
+
+def _withdraw(action: Action, why: str = "withdrawn: canceled before it was sent") -> None:
+    """Mark a never-sent intent as definitely not performed; raises ``StaleVersion`` if it moved meanwhile."""
+    target = (
+        DispatchState.FAILED
+        if action.dispatch_state == DispatchState.INTENDED
+        else DispatchState.RECONCILED_FAILED
+    )
+    if not action_move(action.pk, action.dispatch_state, target, last_error=why):
+        raise StaleVersion(f"{action.idempotency_key} moved while it was being withdrawn")
+
+
+def _start_children(
+    task: Task, step: registry.StartChildren, progress: Progress, facts: dict[str, Any], now: datetime
+) -> Decision:
+    """Start the step's children and wait for them; once all ended, go on by how they ended."""
+    started = children.of_step(task, step.name)
+    waiting = progress.model_copy(update={"step": step.name})
+    if not started:
+        specs = step.children(facts)
+        if specs:
+            return Decision(
+                State.WAITING_CHILDREN,
+                Trigger.AWAIT_CHILDREN,
+                waiting,
+                reason=f"started {len(specs)} child task(s)",
+                changes={"wait_deadline": now + step.timeout},
+                also=(functools.partial(children.start, task, step.name, specs, actor=children.WAKER),),
+            )
+    running = [child for child in started if child.state not in TERMINAL]
+    if running:
+        return Decision(
+            State.WAITING_CHILDREN,
+            Trigger.AWAIT_CHILDREN,
+            waiting,
+            reason=f"{len(running)} of {len(started)} child task(s) still running",
+            changes={"wait_deadline": now + step.timeout},
+            also=(functools.partial(children.none_running_guard, task),),
+        )
+    counts = children.tally(started)
+    completed = counts.get(State.COMPLETED, 0)
+    incomplete = len(started) - completed
+    ended = {**facts, f"{step.output}_completed": completed, f"{step.output}_not_completed": incomplete}
+    if not incomplete:
+        return _advance_to(progress, step.next, task, facts=ended)
+    summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+    if step.on_incomplete:
+        return _advance_to(progress, step.on_incomplete, task, facts=ended)
+    return Decision(
+        State.FAILED,
+        Trigger.FAIL,
+        progress.model_copy(update={"facts": ended}),
+        reason=f"children ended: {summary}",
+        reason_code="children_incomplete",
+        changes={"outcome": {"reason": "children_incomplete", "children": dict(sorted(counts.items()))}},
+    )
+
+
+def _confirm_cancel(task: Task, kind: registry.TaskType, progress: Progress) -> Decision | None:
+    """Cancel once nothing runs on the task's behalf any more; report what stays done.
+
+    In order: children still running are asked to cancel, and waited for (their
+    ends ring this task); intents never sent are withdrawn, so they never will be;
+    effects in doubt are settled with the authoritative systems. Effects cannot be
+    unsent: whatever the systems performed is listed as not undone, each with the
+    compensating step the task type offers for it, if any. Returns None (decide
+    nothing now) while a child runs or a system cannot say yet.
+    """
+    if cancellation.running_children(task):
+        cancellation.cancel_children(task, reason=f"parent task {task.id} is being canceled")
+        if cancellation.running_children(task):
+            return None
+    withdrawn = []
+    for action in Action.objects.filter(task=task, dispatch_state__in=SENDABLE):
+        _withdraw(action, "withdrawn: the task was canceled before it was sent")
+        withdrawn.append(action.idempotency_key)
     for action in Action.objects.filter(task=task, dispatch_state__in=IN_DOUBT):
         reconcile.reconcile_action(action)
     if Action.objects.filter(task=task, dispatch_state__in=IN_DOUBT).exists():
@@ -306,12 +529,18 @@ def _confirm_cancel(task: Task, progress: Progress) -> Decision | None:
     undone = {
         a.compensation_of_id for a in actions if a.compensation_of_id and a.dispatch_state in SETTLED_OK
     }
+    offers = {
+        step.compensates: step.name
+        for step in kind.steps
+        if isinstance(step, registry.Dispatch) and step.compensates
+    }
     not_undone = [
         {
             "action": a.idempotency_key,
             "connector": a.connector,
             "external_ref": a.external_ref,
             "step": a.step,
+            "compensation": offers.get(a.step, ""),  # the step that would undo it, offered as a new action
         }
         for a in actions
         if a.dispatch_state in SETTLED_OK and a.compensation_of_id is None and a.pk not in undone
@@ -324,12 +553,16 @@ def _confirm_cancel(task: Task, progress: Progress) -> Decision | None:
         .values_list("reason_code", flat=True)
         .first()
     ) or task.state_reason
+    asked = cancellation.pending(task.id).get(CancelScope.TASK)
+    report: dict[str, Any] = {
+        "canceled": requested,
+        "requested_by": asked.requested_by if asked else "",
+        "effects_not_undone": not_undone,
+        "withdrawn_unsent": withdrawn,
+        "children": [{"task": str(child.id), "state": child.state} for child in task.children.order_by("id")],
+    }
     return Decision(
-        State.CANCELED,
-        Trigger.CANCEL_CONFIRMED,
-        progress,
-        reason_code=requested,
-        changes={"outcome": {"canceled": requested, "effects_not_undone": not_undone}},
+        State.CANCELED, Trigger.CANCEL_CONFIRMED, progress, reason_code=requested, changes={"outcome": report}
     )
 
 

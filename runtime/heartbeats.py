@@ -9,6 +9,9 @@ paused) is marked, and the slot running it stops before its next step; its
 commit would have been refused anyway, since every write carries the lease's
 token and expiry in its own statement (``tasks.leases.fence``).
 
+With the same beat it asks whether any of those tasks has an open cancel
+request (one more query), and signals the slot running it.
+
 The same thread checks the process's liveness connection (``tasks.liveness``)
 and reopens it after a database restart.
 """
@@ -18,15 +21,28 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import dataclass, field
 from datetime import timedelta
 from uuid import UUID
 
 from django.db import connections
 
 from runtime.reconnect import CONNECTION_LOST, drop_connections
-from tasks import leases, liveness, metrics
+from tasks import cancellation, leases, liveness, metrics
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CancelSignal:
+    """What a beat sets for a task with open cancel requests."""
+
+    asked: threading.Event = field(default_factory=threading.Event)  # read them before the next step
+    interrupt: threading.Event = field(default_factory=threading.Event)  # stop the model turn in flight
+
+    def clear(self) -> None:
+        self.asked.clear()
+        self.interrupt.clear()
 
 
 class Heartbeats:
@@ -35,20 +51,27 @@ class Heartbeats:
         self.every = every if every is not None else max(0.2, ttl.total_seconds() / 3)
         self._held: dict[UUID, leases.Held] = {}
         self._lost: set[leases.Held] = set()  # by token: a task claimed again is not lost with its old lease
+        # Set when a beat finds an open cancel request for the task (``tasks.cancellation``): its slot
+        # stops the model turn in flight (``runtime.llm.cancel_signal``) and reads the requests.
+        self._signals: dict[UUID, CancelSignal] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # --- what the slots call ---------------------------------------------------------------------
 
-    def hold(self, lease: leases.Held) -> None:
+    def hold(self, lease: leases.Held) -> CancelSignal:
+        """Beat for ``lease`` from now on; return what a cancel request for its task sets."""
         with self._lock:
             self._held[lease.task_id] = lease
+            signal = self._signals[lease.task_id] = CancelSignal()
+            return signal
 
     def drop(self, lease: leases.Held) -> None:
         with self._lock:
             if self._held.get(lease.task_id) == lease:
                 del self._held[lease.task_id]
+                self._signals.pop(lease.task_id, None)
             self._lost.discard(lease)
 
     def lost(self, lease: leases.Held) -> bool:
@@ -69,6 +92,15 @@ class Heartbeats:
                 # Only those still in hand: one released meanwhile was not lost, and is not kept.
                 self._lost |= {h for h in held if h.task_id in gone and self._held.get(h.task_id) == h}
             log.warning("leases lost: %s", ", ".join(sorted(str(task_id) for task_id in gone)))
+        asked = cancellation.pending_among(lease.task_id for lease in held)
+        if asked:
+            with self._lock:
+                for task_id, scopes in asked.items():
+                    signal = self._signals.get(task_id)
+                    if signal is not None:
+                        signal.asked.set()
+                        if scopes & cancellation.INTERRUPTING:
+                            signal.interrupt.set()
         return gone
 
     def start(self) -> None:

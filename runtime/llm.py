@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Protocol
@@ -46,6 +49,49 @@ tracer = trace.get_tracer(__name__)
 
 class ModelUnavailable(Exception):
     """The model could not answer now (timeout, HTTP error, garbled reply): retry later."""
+
+
+class ModelTimedOut(ModelUnavailable):
+    """The turn took longer than its step allows: retried later as a timeout, not a failure."""
+
+
+class TurnCanceled(Exception):
+    """A cancel request reached the task while its turn was in flight: the answer is not used."""
+
+
+# Set by the worker for the task a thread runs (``runtime.runner``): an event a cancel request sets
+# (``runtime.heartbeats``), and the step's own limit. A model that can stop early waits on the event;
+# any other's answer is thrown away when the event was set meanwhile (``_model_turn``).
+cancel_signal: ContextVar[threading.Event | None] = ContextVar("cancel_signal", default=None)
+turn_timeout: ContextVar[float | None] = ContextVar("turn_timeout", default=None)
+
+
+@contextmanager
+def limits(timeout: float | None) -> Iterator[None]:
+    """Run a turn under the step's ``timeout`` (seconds; None: the model's own)."""
+    token = turn_timeout.set(timeout)
+    try:
+        yield
+    finally:
+        turn_timeout.reset(token)
+
+
+def _canceled() -> bool:
+    signal = cancel_signal.get()
+    return signal is not None and signal.is_set()
+
+
+def _wait(seconds: float) -> None:
+    """Spend a turn's ``seconds`` as a model would, stopping early for a cancel or the step's timeout."""
+    limit = turn_timeout.get()
+    spend = seconds if limit is None else min(seconds, limit)
+    signal = cancel_signal.get()
+    if signal is not None and signal.wait(spend):
+        raise TurnCanceled("a cancel request interrupted the model turn")
+    if signal is None:
+        time.sleep(spend)
+    if limit is not None and seconds > limit:
+        raise ModelTimedOut(f"model turn timed out after {limit:g} s")
 
 
 class ModelOutputInvalid(Exception):
@@ -100,7 +146,11 @@ def _model_turn(provider: str) -> Callable[[Complete], Complete]:
                 f"chat {requested}", kind=trace.SpanKind.CLIENT, attributes=attributes
             ) as span:
                 try:
+                    if _canceled():
+                        raise TurnCanceled("a cancel request came before the model turn started")
                     reply = complete(self, prompt_id=prompt_id, system=system, facts=facts)
+                    if _canceled():  # a model that cannot stop early: its answer comes too late
+                        raise TurnCanceled("a cancel request came while the model was answering")
                 except Exception as exc:
                     span.set_attribute("error.type", type(exc).__name__)
                     raise
@@ -134,7 +184,7 @@ class ScriptedModel:
         if script is None:
             raise ModelUnavailable(f"scripted model has no script for prompt {prompt_id!r}")
         if self.latency:
-            time.sleep(self.latency)
+            _wait(self.latency)
         return Reply(script(registry.facts_for_model(prompt_id, facts)), self.model_id)
 
 
@@ -175,13 +225,18 @@ class OpenAICompatibleModel:
             ],
             "metadata": {"prompt_id": prompt_id},
         }
+        limit = turn_timeout.get()
         try:
-            response = self.client.post(f"{self.base_url}/chat/completions", json=body)
+            response = self.client.post(
+                f"{self.base_url}/chat/completions",
+                json=body,
+                timeout=limit if limit is not None else httpx.USE_CLIENT_DEFAULT,
+            )
             response.raise_for_status()
             payload = response.json()
             text = payload["choices"][0]["message"]["content"]
         except httpx.TimeoutException as exc:
-            raise ModelUnavailable(redact(values.printable(f"model timed out: {exc}"))) from None
+            raise ModelTimedOut(redact(values.printable(f"model timed out: {exc}"))) from None
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
             failure = f"model call failed: {type(exc).__name__}: {exc}"
             raise ModelUnavailable(redact(values.printable(failure))) from None

@@ -47,11 +47,11 @@ from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from audit.redaction import redact
-from runtime import chaos, engine
+from runtime import chaos, engine, llm
 from runtime.llm import Model, default_model
-from tasks import checkpoints, decisions, leases, services, values
+from tasks import cancellation, checkpoints, decisions, leases, services, values
 from tasks.exceptions import StaleVersion, TransitionError
-from tasks.models import Task
+from tasks.models import CancelScope, Task
 from tasks.states import RUNNABLE, State, Trigger
 from tasks.transitions import Actor, advance, span_attributes
 
@@ -151,8 +151,10 @@ def _run_task(
     actor = Actor.worker(worker_id)
     model = model or default_model()
     hold: timedelta | None = None
-    if heartbeats is not None:
-        heartbeats.hold(lease)
+    # Set by the heartbeat when a cancel request for this task is open; without a heartbeat thread the
+    # requests are read before every step instead.
+    signal = heartbeats.hold(lease) if heartbeats is not None else None
+    signaled = llm.cancel_signal.set(signal.interrupt if signal is not None else None)
     point: services.ResumePoint | None = None
     try:
         for _ in range(MAX_STEPS):
@@ -166,11 +168,36 @@ def _run_task(
                 return "lease_lost"
             if point is None:
                 point = services.task_resume_point(task_id, actor=actor, lease=lease)
+            if point.newer:
+                # A newer deployment wrote it (logged, counted): untouched, and the lease given back at
+                # once for that deployment's workers. The claim's schema filter keeps ours off it.
+                return "checkpoint_newer"
             task, checkpoint = point.task, point.checkpoint
             if checkpoint is None or task.state not in RUNNABLE:  # None: quarantined instead
                 return task.state
+            cancels = {}
+            if signal is None or signal.asked.is_set():
+                cancels = cancellation.pending(task_id)
+                if signal is not None and not cancels:
+                    signal.clear()  # answered since the beat saw it
+                elif signal is not None and not cancels.keys() & cancellation.INTERRUPTING:
+                    signal.interrupt.clear()  # nothing open stops a turn: the next one runs
+                asked = cancels.get(CancelScope.TASK)
+                if (
+                    asked
+                    and task.state != State.CANCEL_REQUESTED
+                    and asked.requested_version >= task.state_version
+                ):
+                    point = None  # asked at this version or later: decide from the cancel_requested one
+                    continue
             traced.step(task, checkpoint)
-            decision = engine.decide(task, checkpoint, model=model, now=timezone.now(), lease=lease)
+            try:
+                decision = engine.decide(
+                    task, checkpoint, model=model, now=timezone.now(), lease=lease, cancels=cancels
+                )
+            except llm.TurnCanceled:
+                point = None  # read the task and its requests again: the request decides what comes next
+                continue
             if decision is None:
                 hold = DEFERRED_HOLD
                 return "deferred"  # e.g. a cancel waiting on a system that cannot answer yet
@@ -198,6 +225,7 @@ def _run_task(
         _quarantine_after_error(task_id, actor, lease, exc)
         return "step_error"
     finally:
+        llm.cancel_signal.reset(signaled)
         if heartbeats is not None:
             heartbeats.drop(lease)
         leases.release(lease, hold=hold)

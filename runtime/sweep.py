@@ -4,11 +4,20 @@
    goes to resume validation; another wait expires the task or revalidates it,
    as its task type says.
 2. Tasks past their own ``deadline`` expire (from the states that allow it).
-3. Every runnable task without a live lease rings the doorbell again (dead
+3. A parent still waiting on children that have all ended moves on (the
+   last child's worker does that itself, unless it died in between).
+4. Every runnable task without a live lease rings the doorbell again (dead
    leases need no separate step: an expired lease is simply not live).
 
 Each move is an ordinary transition at the version read; if something else
 moved the task first, that task is skipped, not retried.
+
+Steps 1-3 move only tasks of the sweep's own region (``WORKER_REGION``, or
+``region``): a region's sweep never advances a task another region owns, so
+after a failover (``runtime.failover``) the old region's sweep, partitioned
+and unaware, leaves the moved tasks alone. Step 4 rings for every region: a
+doorbell names the task's region queue and advances nothing (the claim is
+region-filtered and fenced), so a region whose beat is down still hears it.
 """
 
 from __future__ import annotations
@@ -19,9 +28,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
+from django.conf import settings
 from django.utils import timezone
 
-from tasks import leases, registry
+from tasks import children, leases, registry
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import Task
 from tasks.states import RUNNABLE, TRANSITIONS, WAITING, State, Trigger
@@ -38,6 +48,7 @@ class SweepReport:
     waits_ended: int = 0
     expired: int = 0
     rung: int = 0
+    parents_woken: int = 0
 
 
 def _move(task: Task, to_state: State, trigger: Trigger, reason: str, **changes) -> bool:
@@ -64,8 +75,10 @@ def _expiry_policy(task: Task) -> str:
         return "revalidate"
 
 
-def end_overdue_waits(now: datetime, report: SweepReport) -> None:
-    overdue = Task.objects.filter(state__in=WAITING, wait_deadline__lte=now).order_by("wait_deadline")[:BATCH]
+def end_overdue_waits(now: datetime, report: SweepReport, region: str) -> None:
+    overdue = Task.objects.filter(state__in=WAITING, wait_deadline__lte=now, region=region).order_by(
+        "wait_deadline"
+    )[:BATCH]
     for task in overdue:
         if task.state == State.WAITING_RETRY:
             report.waits_ended += _move(
@@ -85,8 +98,10 @@ def end_overdue_waits(now: datetime, report: SweepReport) -> None:
             report.expired += 1
 
 
-def expire_past_deadline(now: datetime, report: SweepReport) -> None:
-    late = Task.objects.filter(state__in=DEADLINE_SOURCES, deadline__lte=now).order_by("deadline")[:BATCH]
+def expire_past_deadline(now: datetime, report: SweepReport, region: str) -> None:
+    late = Task.objects.filter(state__in=DEADLINE_SOURCES, deadline__lte=now, region=region).order_by(
+        "deadline"
+    )[:BATCH]
     for task in late:
         report.expired += _move(
             task,
@@ -109,11 +124,16 @@ def ring_for_eligible(now: datetime, ring: Callable[[UUID, str], None], report: 
         report.rung += 1
 
 
-def sweep(ring: Callable[[UUID, str], None], *, now: datetime | None = None) -> SweepReport:
+def sweep(
+    ring: Callable[[UUID, str], None], *, now: datetime | None = None, region: str | None = None
+) -> SweepReport:
+    """One sweep of ``region``'s tasks (default ``WORKER_REGION``); rings for runnable tasks of any region."""
     now = now or timezone.now()
+    region = region or settings.WORKER_REGION
     report = SweepReport()
-    end_overdue_waits(now, report)
-    expire_past_deadline(now, report)
+    end_overdue_waits(now, report, region)
+    expire_past_deadline(now, report, region)
+    report.parents_woken = children.wake_waiting(region, BATCH)
     ring_for_eligible(timezone.now(), ring, report)
     if report.waits_ended or report.expired:
         log.info("sweep", extra=vars(report))

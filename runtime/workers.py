@@ -87,7 +87,7 @@ def run_task(task_id: str) -> str:
 
 @shared_task(name="tasks.sweep")  # message names outlive module moves: kept
 def sweep_task() -> dict[str, int]:
-    return vars(sweep.sweep(doorbell.ring))
+    return vars(sweep.sweep(doorbell.ring, region=settings.WORKER_REGION))  # this beat's region only
 
 
 @shared_task(name="ledger.reconcile_unknown")

@@ -3,11 +3,22 @@
 A checkpoint says where a task stands in terms the application owns — never a
 pickled object or a framework's memory dump — so any later deployment can read
 it, migrate it through a chain of pure functions, or refuse it with a precise,
-machine-readable reason (which quarantines the task).
+machine-readable reason (which quarantines the task — except a newer schema,
+which is left to the newer deployment that wrote it).
 
 Encoding: canonical JSON in format ``audit.canonical.V1_ASCII`` (sorted keys,
 no whitespace, non-ASCII escaped: the body is ASCII) under the codec name
 ``json/v1``. ``CURRENT_SCHEMA`` is the only version the code writes.
+
+Versions and rollouts: ``Checkpoint`` names the current contract in one line, and
+``CURRENT_SCHEMA`` follows from it; ``MIGRATIONS`` is the chain from older
+versions and ``READABLE`` what this code can load. An older deployment differs
+from a newer one by that line, so both can run against one database at once:
+workers claim only tasks whose newest checkpoint is at most their
+``CURRENT_SCHEMA`` (``Task.checkpoint_schema``), one that meets a newer
+checkpoint anyway leaves the task untouched, and a newer one that migrates an
+older checkpoint says so in the audit log (``checkpoint_migrated``) and
+revalidates before resuming.
 
 Integrity: every stored body carries its SHA-256 ``digest``, and the audit event
 of the transition that wrote it records the same digest inside its chain hash.
@@ -46,7 +57,6 @@ from audit import canonical
 from tasks import metrics, sealing, values
 from tasks.states import State
 
-CURRENT_SCHEMA = 2
 CODEC = "json/v1"
 
 Scalar = str | int | float | bool | None
@@ -147,8 +157,31 @@ class CheckpointV2(Progress):
     def progress(self) -> Progress:
         return Progress.model_validate(self.model_dump(include=set(Progress.model_fields)))
 
+    @property
+    def migrated_from(self) -> int | None:
+        """The schema version this checkpoint was stored at when ``decode`` migrated it, else None.
 
-Checkpoint = CheckpointV2  # the current contract
+        Kept beside the fields (as a ``cached_property`` would be), not as one: it is never stored,
+        and a migrated checkpoint equals the same one written at the current schema.
+        """
+        found: int | None = self.__dict__.get(_MIGRATED_FROM)
+        return found
+
+
+_MIGRATED_FROM = "__migrated_from"
+
+
+class CheckpointV3(CheckpointV2):
+    schema_version: Literal[3] = 3  # type: ignore[assignment]  # each version narrows its literal
+    # Where it was written: the task's region and ownership epoch at that transition, so a
+    # checkpoint read after a failover says which owner wrote it ("" / 0: written before v3).
+    region: str = ""
+    ownership_epoch: int = Field(default=0, ge=0)
+
+
+# The one line an older deployment differs by: the contract this code writes.
+Checkpoint = CheckpointV3  # the current contract
+CURRENT_SCHEMA: int = Checkpoint.model_fields["schema_version"].default
 
 
 class CheckpointUnreadable(Exception):
@@ -181,7 +214,36 @@ def _v1_to_v2(document: dict[str, Any]) -> dict[str, Any]:
     return {**document, "deployment": document.get("deployment", "")}
 
 
-MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2}
+def _v2_to_v3(document: dict[str, Any]) -> dict[str, Any]:
+    """v3 records the writing region and ownership epoch; a v2 checkpoint's are unknown."""
+    return {
+        **document,
+        "region": document.get("region", ""),
+        "ownership_epoch": document.get("ownership_epoch", 0),
+    }
+
+
+MIGRATIONS: dict[int, Migration] = {1: _v1_to_v2, 2: _v2_to_v3}
+
+
+def _readable() -> frozenset[int]:
+    """``CURRENT_SCHEMA`` and every older version with an unbroken chain of migrations up to it."""
+    versions = {CURRENT_SCHEMA}
+    version = CURRENT_SCHEMA - 1
+    while version in MIGRATIONS:
+        versions.add(version)
+        version -= 1
+    return frozenset(versions)
+
+
+# The schema versions this code loads. Newer ones belong to a newer deployment: its workers
+# claim those tasks, this code's never do (``tasks.leases``).
+READABLE = _readable()
+
+
+def migration_chain() -> str:
+    """The versions this code migrates through, oldest first: ``"1 -> 2 -> 3"``."""
+    return " -> ".join(str(version) for version in sorted(READABLE))
 
 
 def place(task_id: Any, state_version: Any) -> sealing.Place:
@@ -267,6 +329,9 @@ def decode(body: str, schema_version: int | None = None) -> Checkpoint:
     disagree), ``checkpoint_undecryptable`` (a sealed fact cannot be opened
     here) or ``checkpoint_unmigratable`` (no migration path, or a migration
     step failed).
+
+    A checkpoint migrated from an older version says from which
+    (``migrated_from``), so the worker records the migration.
     """
     try:
         document = json.loads(body)
@@ -290,13 +355,16 @@ def decode(body: str, schema_version: int | None = None) -> Checkpoint:
         document = _opened(document)
     document = migrate(document, version)
     try:
-        return Checkpoint.model_validate(document)
+        checkpoint = Checkpoint.model_validate(document)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or "(root)"
         raise CheckpointUnreadable(
             CheckpointUnreadable.CORRUPT, f"{where}: {first['msg']} ({exc.error_count()} errors)"
         ) from None
+    if version < CURRENT_SCHEMA:
+        checkpoint.__dict__[_MIGRATED_FROM] = version  # frozen: beside the fields, see ``migrated_from``
+    return checkpoint
 
 
 def _opened(document: dict[str, Any]) -> dict[str, Any]:

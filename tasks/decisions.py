@@ -58,9 +58,17 @@ def quarantine(progress: Progress | None, code: str, reason: str) -> Decision:
 
 
 def retry_later(
-    task: Task, kind: registry.TaskType, progress: Progress, now: datetime, *, code: str, reason: str
+    task: Task,
+    kind: registry.TaskType,
+    progress: Progress,
+    now: datetime,
+    *,
+    code: str,
+    reason: str,
+    trigger: Trigger = Trigger.ATTEMPT_FAILED,
 ) -> Decision:
-    """A transient failure: wait with backoff while attempts remain, then fail."""
+    """A transient failure (or, by ``step_timed_out``, a timeout): wait with backoff while attempts
+    remain, then fail."""
     attempt = task.attempt + 1
     if attempt >= kind.max_attempts:
         return Decision(
@@ -73,7 +81,7 @@ def retry_later(
         )
     return Decision(
         State.WAITING_RETRY,
-        Trigger.ATTEMPT_FAILED,
+        trigger,
         progress,
         reason=reason,
         reason_code=code,

@@ -26,6 +26,13 @@ class LeaseLost(StaleVersion):
     code = "lease_lost"
 
 
+class StaleEpoch(StaleVersion):
+    """The task failed over to another region (``manage.py failover``) since the writer read it or
+    claimed its lease: the writer's region no longer owns it, and nothing it decided may commit."""
+
+    code = "stale_epoch"
+
+
 class TransitionNotAllowed(TransitionError):
     """The table has no such edge for this actor from the current state."""
 

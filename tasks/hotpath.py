@@ -108,12 +108,14 @@ def compare_and_set(
     from_state: str,
     fields: Sequence[str],
     lease: tuple[int, str, datetime] | None = None,
+    epoch: int | None = None,
 ) -> bool:
     """Write ``fields`` of ``task`` and bump its version, only if it is still at
     ``expected_version`` in ``from_state`` (and, given ``lease`` = (token,
-    worker id, now), only while that lease is live). True if the row changed.
+    worker id, now), only while that lease is live; given ``epoch``, only while
+    the task's ownership epoch is that one: no failover since). True if the row changed.
     """
-    key = ("update", tuple(fields), lease is not None)
+    key = ("update", tuple(fields), lease is not None, epoch is not None)
     connection, prepared = _connection(), _prepared()
     if key not in prepared:
         table = connection.ops.quote_name(Task._meta.db_table)
@@ -123,6 +125,8 @@ def compare_and_set(
             f"UPDATE {table} SET {version} = {version} + 1, {sets} "
             f"WHERE {_column(Task, 'id')} = %s AND {version} = %s AND {_column(Task, 'state')} = %s"
         )
+        if epoch is not None:
+            sql += f" AND {_column(Task, 'ownership_epoch')} = %s"
         if lease is not None:
             sql += (
                 f" AND EXISTS (SELECT 1 FROM {connection.ops.quote_name(Lease._meta.db_table)}"
@@ -134,6 +138,8 @@ def compare_and_set(
     pk = Task._meta.get_field("id").get_db_prep_value(task.pk, connection)
     params = [field.get_db_prep_save(getattr(task, field.attname), connection) for field in columns]
     params += [pk, expected_version, from_state]
+    if epoch is not None:
+        params.append(epoch)
     if lease is not None:
         token, worker_id, now = lease
         params += [

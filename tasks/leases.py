@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from uuid import UUID
 
@@ -30,7 +30,7 @@ from django.utils import timezone
 from opentelemetry import trace
 
 from audit.models import LeaseTakeover
-from tasks import liveness, metrics
+from tasks import checkpoints, liveness, metrics
 from tasks.models import Lease, Task
 from tasks.states import RUNNABLE
 
@@ -45,6 +45,11 @@ class Held:
     task_id: UUID
     worker_id: str
     token: int
+    # The task's ownership epoch when the lease was claimed (read under the claim's row lock): every
+    # commit made under the lease requires it still (``tasks.hotpath.compare_and_set``), so a worker of a
+    # region the task failed over from cannot commit (``StaleEpoch``).
+    epoch: int = 1
+    region: str = field(default="", compare=False)  # the region it was claimed in, for refusals to name
 
 
 def _holder_alive() -> Q:
@@ -70,8 +75,10 @@ def _gone_holders(leases: list[Lease]) -> set[int]:
     return keys - held
 
 
-def _take(task_ids: list[UUID], worker_id: str, now: datetime, ttl: timedelta) -> list[Held]:
+def _take(epochs: dict[UUID, int], worker_id: str, now: datetime, ttl: timedelta, region: str) -> list[Held]:
     """Inside a transaction holding these task rows: take each one's lease if none is live.
+
+    ``epochs`` maps each task to the ownership epoch read with its row lock; each ``Held`` carries it.
 
     A few statements whatever the number of tasks: read (and lock) their lease
     rows, insert the missing ones together, move the reclaimable ones on to the
@@ -87,11 +94,11 @@ def _take(task_ids: list[UUID], worker_id: str, now: datetime, ttl: timedelta) -
             "holder_key": holder_key}  # fmt: skip
     # Lock the lease rows: a holder's heartbeat (an UPDATE) waits, then finds the token moved on.
     previous = {
-        lease.task_id: lease for lease in Lease.objects.select_for_update().filter(task_id__in=task_ids)
+        lease.task_id: lease for lease in Lease.objects.select_for_update().filter(task_id__in=list(epochs))
     }
-    fresh = [Lease(task_id=task_id, token=1, **mine) for task_id in task_ids if task_id not in previous]
+    fresh = [Lease(task_id=task_id, token=1, **mine) for task_id in epochs if task_id not in previous]
     Lease.objects.bulk_create(fresh)
-    held = [Held(lease.task_id, worker_id, 1) for lease in fresh]
+    held = [Held(lease.task_id, worker_id, 1, epochs[lease.task_id], region) for lease in fresh]
     live = [lease for lease in previous.values() if lease.expires_at > now]
     gone = _gone_holders(live)
     taken = [lease for lease in previous.values() if lease.expires_at <= now or lease.holder_key in gone]
@@ -100,7 +107,9 @@ def _take(task_ids: list[UUID], worker_id: str, now: datetime, ttl: timedelta) -
     # One UPDATE for them all: the rows are locked (FOR UPDATE above; SQLite: one writer at a time), so
     # each token is still the one read, and each moves on by exactly one.
     Lease.objects.filter(task_id__in=[lease.task_id for lease in taken]).update(token=F("token") + 1, **mine)
-    held += [Held(lease.task_id, worker_id, lease.token + 1) for lease in taken]
+    held += [
+        Held(lease.task_id, worker_id, lease.token + 1, epochs[lease.task_id], region) for lease in taken
+    ]
     transaction.on_commit(functools.partial(metrics.leases_taken, taken, worker_id, now))  # lapses counted
     # release() ends a lease with heartbeat_at == expires_at; a lapsed one was still due a heartbeat.
     takeovers = [
@@ -146,11 +155,21 @@ def claim(task_id: UUID | str, *, worker_id: str, region: str, ttl: timedelta = 
         with transaction.atomic(durable=True):
             task = (
                 Task.objects.select_for_update(skip_locked=True, of=("self",))
-                .filter(pk=task_id, state__in=RUNNABLE, region=region)
-                .only("id")
+                .filter(
+                    pk=task_id,
+                    state__in=RUNNABLE,
+                    region=region,
+                    # Written by a newer deployment: its workers run it, ours would only have to let go.
+                    checkpoint_schema__lte=checkpoints.CURRENT_SCHEMA,
+                )
+                .only("id", "ownership_epoch")
                 .first()
             )
-            held = _take([task.id], worker_id, now, ttl) if task is not None else []
+            held = (
+                _take({task.id: task.ownership_epoch}, worker_id, now, ttl, region)
+                if task is not None
+                else []
+            )
         _claimed(span, worker_id, region, held)
     return held[0] if held else None
 
@@ -162,25 +181,30 @@ def claim_next(*, worker_id: str, region: str, limit: int = 1, ttl: timedelta = 
     with transaction.atomic(durable=True):
         candidates = list(
             Task.objects.select_for_update(skip_locked=True, of=("self",))
-            .filter(state__in=RUNNABLE, region=region)
+            .filter(state__in=RUNNABLE, region=region, checkpoint_schema__lte=checkpoints.CURRENT_SCHEMA)
             .exclude(live_lease_exists(now))
             .order_by("state_entered_at")
-            .values_list("id", flat=True)[:limit]
+            .values_list("id", "ownership_epoch")[:limit]
         )
         if not candidates:
             return []  # no span: an idle worker asks twice a second, and nothing happened
         # The span starts where the claim did (the query above is part of it).
         with tracer.start_as_current_span("lease.claim", start_time=began) as span:
-            held = _take(candidates, worker_id, now, ttl)
+            held = _take(dict(candidates), worker_id, now, ttl, region)
             _claimed(span, worker_id, region, held)
         return held
 
 
-def fence(lease: Held, *, live: bool = True) -> Exists:
+def fence(lease: Held, *, live: bool = True, at_version: int | None = None) -> Exists:
     """The condition a write made on a task's behalf carries in its own statement: ``lease``
-    is still the task's lease (its token unchanged: nobody claimed the task since) and, if
-    ``live``, not yet expired."""
-    rows = Lease.objects.filter(task_id=lease.task_id, token=lease.token, worker_id=lease.worker_id)
+    is still the task's lease (its token unchanged: nobody claimed the task since), the task
+    is still owned at the lease's epoch (no failover since), if ``live`` the lease has not
+    expired, and given ``at_version``, the task is still at that version (no cancel since)."""
+    rows = Lease.objects.filter(
+        task_id=lease.task_id, token=lease.token, worker_id=lease.worker_id, task__ownership_epoch=lease.epoch
+    )
+    if at_version is not None:
+        rows = rows.filter(task__state_version=at_version)
     return Exists(rows.filter(expires_at__gt=timezone.now()) if live else rows)
 
 
@@ -224,6 +248,14 @@ def release(lease: Held, *, hold: timedelta | None = None) -> None:
     # heartbeat_at == expires_at marks a lease given up, not lapsed: the next claim is no takeover.
     Lease.objects.filter(task_id=lease.task_id, token=lease.token).update(
         expires_at=until, heartbeat_at=until
+    )
+
+
+def end_hold(task_id: UUID | str) -> None:
+    """End the hold ``release(hold=…)`` left on a task, if it has one: something it waited for happened."""
+    now = timezone.now()
+    Lease.objects.filter(task_id=task_id, heartbeat_at=F("expires_at"), expires_at__gt=now).update(
+        expires_at=now, heartbeat_at=now
     )
 
 

@@ -365,3 +365,48 @@ class Archive(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id} archived {self.archived_at:%Y-%m-%d} ({self.erased} values erased)"
+
+
+class CancelScope(models.TextChoices):
+    """What a cancel request stops (DESIGN, "Timeout, cancellation, failure")."""
+
+    # Widest first: a form offering them preselects the first.
+    TASK = "task"  # the whole task, its children with it: `cancel_requested`, then `canceled`
+    CHILDREN = "children"  # every child task still running; the parent goes on with what they ended with
+    TOOL_CALL = "tool_call"  # the side effect not yet sent; one already sent is reconciled, not unsent
+    MODEL_TURN = "model_turn"  # the model turn in flight (or about to start); the task goes on after it
+
+
+class CancelRequest(models.Model):
+    """One cancel request, whatever its scope: who asked, when, at which version, and what came of it.
+
+    A ``task`` request is also a transition (to ``cancel_requested``); the narrower scopes change no
+    state when made: a worker applies them between steps (or interrupts a model turn in flight), and
+    records here what it did. Written through ``tasks.cancellation`` only.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        APPLIED = "applied"
+        NO_EFFECT = "no_effect"  # nothing of that scope was in flight, or it had already happened
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="cancel_requests")
+    scope = models.CharField(max_length=16, choices=CancelScope.choices)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    requested_by = models.CharField(max_length=200)
+    reason = models.TextField()
+    requested_version = models.PositiveIntegerField()
+    requested_at = models.DateTimeField()
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolution = models.TextField(blank=True, default="")
+
+    class Meta:
+        constraints = [
+            # One open request per scope: asking again while one waits changes nothing.
+            models.UniqueConstraint(
+                fields=["task", "scope"], condition=Q(status="pending"), name="cancel_request_one_pending"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"cancel {self.scope} of {self.task_id} [{self.status}]"

@@ -57,6 +57,9 @@ class ModelTurn(Step):
     instructions: str = ""
     output: str = ""
     routes: Mapping[str, str] = field(default_factory=dict)  # answer -> next step ("" = self.next)
+    # A turn still unanswered after this long is abandoned and retried after a backoff
+    # (``step_timed_out``, not a failed attempt's ``attempt_failed``). None: the model's own limit.
+    timeout: timedelta | None = None
 
     def targets(self) -> set[str]:
         return {self.next, *self.routes.values()}
@@ -161,6 +164,27 @@ def _decimal(value: Any) -> Decimal | None:
     except InvalidOperation:
         return None
     return amount if amount.is_finite() else None
+
+
+@dataclass(frozen=True)
+class StartChildren(Step):
+    """Start child tasks and wait (``waiting_children``) until every one has ended.
+
+    ``children`` builds one spec per child from the accepted facts: ``task_type``,
+    ``objective`` and ``input``. Once all have ended, facts ``<output>_completed``
+    and ``<output>_not_completed`` count them; the task goes on to ``next`` when
+    every child completed, else to ``on_incomplete`` (or fails, reason
+    ``children_incomplete``). ``timeout`` bounds the wait; what an expired wait does
+    is the type's ``on_wait_expiry``. The children are canceled with the parent.
+    """
+
+    children: Callable[[Facts], list[dict[str, Any]]] = lambda facts: []
+    output: str = "children"
+    on_incomplete: str = ""
+    timeout: timedelta = timedelta(days=1)
+
+    def targets(self) -> set[str]:
+        return {self.next, self.on_incomplete}
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ shown, masked (``tasks.reveal``).
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -37,6 +38,8 @@ from tasks.models import Checkpoint, ExternalEvent, Policy, RuntimeConfig, Task,
 from tasks.states import RUNNABLE, TERMINAL, State, Trigger
 from tasks.transitions import Actor, advance, task_start
 from tenancy.models import Tenant
+
+log = logging.getLogger(__name__)
 
 
 class InvalidTaskInput(Exception):
@@ -80,10 +83,13 @@ def task_create(
     region: str | None = None,
     rerun_of: Task | None = None,
     reason: str = "",
+    nested: bool = False,
 ) -> tuple[Task, bool]:
     """Start a task, or return the one started before with the same key.
 
     ``reason`` is the creation event's (default: the objective's head).
+    ``nested``: inside the caller's transaction (a parent starting children);
+    the doorbell rings once that commits.
     Returns ``(task, created)``. Raises ``InvalidTaskInput`` (field errors)
     when the input does not fit the task type, and ``IdempotencyConflict``
     when the key was used before with a different request.
@@ -133,8 +139,13 @@ def task_create(
         step=kind.first_step, input_refs=[f"task:{task.id}/input"], facts=kind.initial_facts(accepted)
     )
     try:
-        task = task_start(task, actor=actor, progress=progress, reason=(reason or objective)[:200])
-        doorbell.ring(task.id, task.region)
+        task = task_start(
+            task, actor=actor, progress=progress, reason=(reason or objective)[:200], durable=not nested
+        )
+        if nested:
+            transaction.on_commit(functools.partial(doorbell.ring, task.id, task.region))
+        else:
+            doorbell.ring(task.id, task.region)
         return task, True
     except IntegrityError:
         # Lost a race with the same key: the winner's task is the answer.
@@ -282,20 +293,27 @@ def latest_checkpoint(task: Task) -> checkpoints.Checkpoint:
 @dataclass(frozen=True)
 class ResumePoint:
     task: Task
-    checkpoint: checkpoints.Checkpoint | None  # None: the task was quarantined instead
+    checkpoint: checkpoints.Checkpoint | None  # None: the task was quarantined, or left to newer code
+    # The checkpoint was written by a newer deployment: the task was left as it is, for that one's workers.
+    newer: bool = False
 
     @property
     def quarantined(self) -> bool:
-        return self.checkpoint is None
+        return self.checkpoint is None and not self.newer
 
 
 def task_resume_point(task_id: UUID | str, *, actor: Actor, lease: Held | None = None) -> ResumePoint:
     """Load a task and the checkpoint it would resume from.
 
-    A checkpoint the running code cannot use (newer schema, corrupt,
-    unmigratable, missing) quarantines the task with that machine-readable
+    A checkpoint the running code cannot use (corrupt, unmigratable, missing,
+    undecryptable, tampered) quarantines the task with that machine-readable
     reason instead of raising: nothing resumes from a guess. Raises
     ``StaleVersion`` only if the task moved while it was being quarantined.
+
+    A checkpoint of a newer schema is no fault of the task: a newer deployment
+    wrote it, and its workers will resume it (a mixed-version rollout). The task
+    is left untouched — no transition — and the point says ``newer``; the caller
+    lets go of it (a worker releases its lease).
     """
     task = hotpath.load_task(task_id)
     if task is None:
@@ -306,6 +324,17 @@ def task_resume_point(task_id: UUID | str, *, actor: Actor, lease: Held | None =
         if task.state == State.QUARANTINED:
             return ResumePoint(task, None)
         metrics.checkpoint_unreadable(exc.reason)  # durable_checkpoint_read_failures
+        if exc.reason == checkpoints.CheckpointUnreadable.SCHEMA_NEWER:
+            log.warning(
+                "checkpoint written by newer code; leaving the task to a newer deployment",
+                extra={
+                    "task_id": str(task.id),
+                    "state_version": task.state_version,
+                    "detail": exc.detail,
+                    "deployment": settings.DEPLOYMENT_ID,
+                },
+            )
+            return ResumePoint(task, None, newer=True)
         task = advance(
             task.id,
             task.state_version,

@@ -138,7 +138,7 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     # or expires; a task past its own deadline expires.
     + _edges(WAITING, S.RESUME_VALIDATION, T.WAIT_EXPIRED, A.SYSTEM)
     + _edges(WAITING, S.EXPIRED, T.WAIT_EXPIRED, A.SYSTEM)
-    + _edges(WAITING | {S.READY, S.RESUME_VALIDATION}, S.EXPIRED, T.DEADLINE_PASSED, A.SYSTEM)
+    + _edges(WAITING | {S.READY, S.RESUME_VALIDATION}, S.EXPIRED, T.DEADLINE_PASSED, A.SYSTEM, A.WORKER)
     # Resume validation decides how to go on; each outcome is its own trigger.
     + _edges([S.RESUME_VALIDATION], S.READY, T.PROCEED, A.WORKER)
     + _edges([S.RESUME_VALIDATION], S.READY, T.REFRESH, A.WORKER)

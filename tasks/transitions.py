@@ -17,6 +17,8 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import models, transaction
+from django.db.models import Case, Q, Value, When
+from django.dispatch import Signal
 from django.utils import timezone
 from opentelemetry import trace
 
@@ -27,13 +29,16 @@ from audit.models import TransitionEvent
 from audit.redaction import redact
 from ledger.models import Action
 from tasks import checkpoints, hotpath, metrics, registry, sealing
-from tasks.exceptions import LeaseLost, StaleVersion, TaskNotFound, TransitionNotAllowed
+from tasks.exceptions import LeaseLost, StaleEpoch, StaleVersion, TaskNotFound, TransitionNotAllowed
 from tasks.leases import Held
-from tasks.models import Checkpoint, Task
-from tasks.states import WAITING, ActorKind, State, Trigger, find_edge
+from tasks.models import CancelRequest, CancelScope, Checkpoint, ExternalEvent, Task
+from tasks.states import TERMINAL, WAITING, ActorKind, State, Trigger, find_edge
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
+CHILD_ENDED = "child_ended"  # the event type of a child's end, for its parent
+# Sent after a child task's terminal commit (``child``: the task as committed).
+child_ended = Signal()
 
 
 @dataclass(frozen=True)
@@ -89,10 +94,20 @@ CHANGEABLE = frozenset(
         "model_id",
         "prompt_id",
         "toolset_id",
+        # Ownership: only a failover moves these (``_advance`` refuses them on any other trigger).
+        "region",
+        "ownership_epoch",
     }
 )
-# Every column the compare-and-set writes (state_version is bumped in SQL).
-WRITTEN = ("state", "state_reason", "updated_at", "state_entered_at", "audit_head", *sorted(CHANGEABLE))
+# Every column the compare-and-set writes (state_version is bumped in SQL). ``checkpoint_schema``
+# changes only with a checkpoint (``_checkpoint_for``); otherwise it is written back as read.
+WRITTEN = (
+    "state", "state_reason", "updated_at", "state_entered_at", "audit_head", "checkpoint_schema",
+    *sorted(CHANGEABLE),
+)  # fmt: skip
+OWNERSHIP = frozenset({"region", "ownership_epoch"})
+# What every other transition writes: ownership is guarded (WHERE ownership_epoch = …), never rewritten.
+ROUTINE_WRITTEN = tuple(name for name in WRITTEN if name not in OWNERSHIP)
 
 
 def span_attributes(task: Task) -> dict[str, Any]:
@@ -134,7 +149,9 @@ def _trace_ids() -> tuple[str, str]:
 def _checkpoint_for(
     task: Task, progress: checkpoints.Progress, actions: list[Action], trace_link: str
 ) -> Checkpoint:
-    document = checkpoints.Checkpoint(
+    """The checkpoint row for ``task`` at its new version, at ``CURRENT_SCHEMA``; the task row records
+    that schema (``checkpoint_schema``) in the same write, so workers of an older deployment skip it."""
+    fields = dict(
         **progress.model_dump(),
         task_id=task.id,
         state=State(task.state),
@@ -159,7 +176,13 @@ def _checkpoint_for(
         state_entered_at=task.state_entered_at,
         wait_deadline=task.wait_deadline,
         deadline=task.deadline,
+        region=task.region,
+        ownership_epoch=task.ownership_epoch,
     )
+    # Only what the current contract has: the same code writes an older schema under an older contract.
+    contract = checkpoints.Checkpoint.model_fields
+    document = checkpoints.Checkpoint(**{name: value for name, value in fields.items() if name in contract})
+    task.checkpoint_schema = checkpoints.CURRENT_SCHEMA
     body = checkpoints.encode(document, sealed=registry.sensitive_fields(task.task_type))
     # Refused here rather than on the next load: never commit a checkpoint no worker will read.
     # (The body is ASCII, canonical.V1_ASCII escapes the rest: characters are bytes.)
@@ -252,6 +275,58 @@ def _write_history(
         record.save(force_insert=True)
 
 
+def _child_ended_event(child: Task) -> ExternalEvent:
+    """The parent's record of how ``child`` ended, for the child's terminal commit.
+
+    Locks the parent's row first. A parent deciding to (go on) wait(ing) holds
+    that lock from its compare-and-set to its commit, and checks inside it that
+    a child still runs (``tasks.children.none_running_guard``). So either the
+    parent sees this child ended and does not wait, or it commits its wait
+    before ``child_ended``'s receiver looks at it: it is never left waiting on nothing.
+    """
+    parent_id = child.parent_id
+    assert parent_id is not None
+    Task.objects.select_for_update().filter(pk=parent_id).values_list("pk").first()
+    return ExternalEvent(
+        task_id=parent_id,
+        event_key=f"{CHILD_ENDED}:{child.id}",
+        event_type=CHILD_ENDED,
+        payload={
+            "child": str(child.id),
+            "task_type": child.task_type,
+            "state": child.state,
+            "reason": child.state_reason,
+        },  # fmt: skip
+        received_at=child.updated_at,
+    )
+
+
+def _close_cancel_requests(task: Task, now: datetime) -> None:
+    """A task's end answers its open cancel requests (one UPDATE): a confirmed cancel applied its
+    own, the rest found nothing left to stop."""
+    status: Value | Case = Value(CancelRequest.Status.NO_EFFECT)
+    resolution: Value | Case = Value(f"the task ended {task.state} first")
+    if task.state == State.CANCELED:
+        own = Q(scope=CancelScope.TASK)
+        status = Case(When(own, then=Value(CancelRequest.Status.APPLIED)), default=status)
+        resolution = Case(When(own, then=Value("the task was canceled")), default=resolution)
+    CancelRequest.objects.filter(task_id=task.id, status=CancelRequest.Status.PENDING).update(
+        status=status, resolution=resolution, resolved_at=now
+    )
+
+
+def _stale_epoch(
+    task: Task, epoch: int, region: str, owner_epoch: int, owner_region: str, **now_at: Any
+) -> StaleEpoch:
+    """The refusal of a write whose region lost the task: it names both owners, old and new."""
+    return StaleEpoch(
+        f"task {task.pk} failed over: it is owned by region {owner_region!r} at epoch {owner_epoch},"
+        f" this write was for region {region!r} at epoch {epoch}",
+        state=now_at.get("state", task.state),
+        state_version=now_at.get("state_version", task.state_version),
+    )
+
+
 def task_start(
     task: Task,
     *,
@@ -259,12 +334,15 @@ def task_start(
     progress: checkpoints.Progress,
     reason: str = "",
     actions: Iterable[ActionIntent] = (),
+    durable: bool = True,
 ) -> Task:
     """Insert ``task`` (unsaved, with tenant, type, objective, input…) at ``ready`` v1.
 
-    Writes the creation event and the first checkpoint in the same transaction.
-    Refuses with ``IntegrityError`` when the tenant already has a task with the
-    same idempotency key (the caller then returns that task).
+    Writes the creation event and the first checkpoint in the same transaction
+    (``durable=False``: a savepoint inside the caller's, for a child task a
+    parent's transition starts). Refuses with ``IntegrityError`` when the
+    tenant already has a task with the same idempotency key (the caller then
+    returns that task).
     """
     now = timezone.now()
     task.state, task.state_version, task.state_reason = State.READY, 1, ""
@@ -285,7 +363,7 @@ def task_start(
             checkpoint=checkpoint,
         )
         task.audit_head = event.hash
-        with transaction.atomic(durable=True):
+        with transaction.atomic(durable=durable):
             task.save(force_insert=True)
             _write_history(event, checkpoint, rows)
         if span.is_recording():
@@ -361,8 +439,11 @@ def advance(
       when a concurrent writer commits first); reload and decide again;
     - ``TransitionNotAllowed`` — no edge from the current state to
       ``to_state`` for this actor (and trigger);
+    - ``StaleEpoch`` — the task failed over to another region since ``lease``
+      was claimed (or, without a lease, since the row was read);
     - ``LeaseLost`` — ``lease`` lapsed or another worker claimed the task since;
-    - ``ValueError`` — an unknown field in ``changes``, a wait without a deadline,
+    - ``ValueError`` — an unknown field in ``changes`` (or ``region`` /
+      ``ownership_epoch`` on any trigger but ``failover``), a wait without a deadline,
       or a checkpoint larger than ``CHECKPOINT_MAX_BYTES`` (``checkpoint_too_large``);
     - ``IntegrityError`` — an action whose idempotency key already exists, or
       a ``records`` row breaking a unique constraint (a duplicate delivery).
@@ -403,6 +484,11 @@ def _advance(
             task = current if current is not None else hotpath.load_task(task_id)
             if task is None:
                 raise TaskNotFound(f"task {task_id} does not exist")
+            # The ownership the write must still have: a worker's is its lease's, anyone else's the row's.
+            epoch = lease.epoch if lease is not None else task.ownership_epoch
+            region = lease.region if lease is not None and lease.region else task.region
+            if epoch != task.ownership_epoch:
+                raise _stale_epoch(task, epoch, region, task.ownership_epoch, task.region)
             if task.state_version != expected_version:
                 raise StaleVersion(
                     f"task is at version {task.state_version}, not {expected_version}",
@@ -418,6 +504,8 @@ def _advance(
                     state=from_state,
                     state_version=task.state_version,
                 )
+            if changes.keys() & OWNERSHIP and edge.trigger != Trigger.FAILOVER:
+                raise ValueError(f"only a failover changes {sorted(changes.keys() & OWNERSHIP)}")
 
             now = timezone.now()
             for name, value in changes.items():
@@ -448,19 +536,36 @@ def _advance(
             # The compare-and-set: the row count is the lock result. A writer that
             # committed first leaves 0 rows here (PostgreSQL re-checks the WHERE
             # after waiting on its row lock).
-            # The fence rides on the same UPDATE: no extra round trip, no gap between check and write.
+            # The fences (lease, ownership epoch) ride on the same UPDATE: no extra round trip, no gap
+            # between check and write.
             fence = (lease.token, lease.worker_id, now) if lease is not None else None
+            written = WRITTEN if changes.keys() & OWNERSHIP else ROUTINE_WRITTEN
             updated = hotpath.compare_and_set(
-                task, expected_version=expected_version, from_state=from_state, fields=WRITTEN, lease=fence
-            )
+                task, expected_version=expected_version, from_state=from_state, fields=written, lease=fence,
+                epoch=epoch,
+            )  # fmt: skip
             if not updated:
-                now_at = Task.objects.filter(pk=task.pk).values("state", "state_version").get()
-                if lease is not None and now_at["state_version"] == expected_version:
+                found = (
+                    Task.objects.filter(pk=task.pk)
+                    .values("state", "state_version", "ownership_epoch", "region")
+                    .get()
+                )
+                now_at: dict[str, Any] = {"state": found["state"], "state_version": found["state_version"]}
+                if found["ownership_epoch"] != epoch:  # first: the refusal says the region lost the task
+                    owner = (found["ownership_epoch"], found["region"])
+                    raise _stale_epoch(task, epoch, region, *owner, **now_at)
+                if lease is not None and found["state_version"] == expected_version:
                     raise LeaseLost(f"lease #{lease.token} on task {task.pk} is no longer held", **now_at)
                 raise StaleVersion(f"task moved on from version {expected_version}", **now_at)
             _write_history(event, checkpoint, rows, records)
             for write in also:
                 write()
+            ended = to_state in TERMINAL and from_state not in TERMINAL
+            if ended:  # after ``also``: a request the decision itself answered is answered as it says
+                _close_cancel_requests(task, now)
+            ended_child = ended and task.parent_id is not None
+            if ended_child:  # the parent's record of how its child ended, in the child's own commit
+                _child_ended_event(task).save(force_insert=True)
         if span.is_recording():
             span.set_attributes(_transition_attributes(task, from_state, edge.trigger, actor))
     log.info(
@@ -474,4 +579,6 @@ def _advance(
         },
     )
     metrics.transitioned(edge.trigger, task.task_type, left=entered_before, at=task.updated_at)  # committed
+    if ended_child:
+        child_ended.send(Task, child=task)  # tasks.children moves the parent on if it was the last one
     return Advanced(task, checkpoint)

@@ -26,6 +26,45 @@ celery_app.conf.broker_url = "memory://"
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
+# Tests that start real processes or a browser: seconds to minutes each, against milliseconds for the rest.
+HEAVY_DIRS = {"bench", "chaos", "lifecycle", "regions", "upgrades"}
+
+
+def _heavy(item: pytest.Item) -> bool:
+    path = item.path
+    return (
+        path.parent.name in HEAVY_DIRS
+        or path.name.endswith("_browser.py")
+        or "live_server" in getattr(item, "fixturenames", ())
+    )
+
+
+def _db_group(item: pytest.Item) -> int:
+    """pytest-django's order: database tests in a rolled-back transaction (0), then transactional ones
+    (1, they empty the tables when they end), then tests without the database (2)."""
+    fixtures = getattr(item, "fixturenames", ())
+    marker = item.get_closest_marker("django_db")
+    transactional = "transactional_db" in fixtures or "live_server" in fixtures
+    if marker is not None:
+        args = dict(zip(("transaction", "reset_sequences"), marker.args, strict=False)) | marker.kwargs
+        transactional = transactional or bool(args.get("transaction") or args.get("reset_sequences"))
+    if transactional:
+        return 1
+    return 0 if marker is not None or "db" in fixtures else 2
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest tests first, each within its group of pytest-django's order (its hook has sorted
+    the items already; this one runs last): with ``-n 2`` the run ends when the busier worker does,
+    and a soak or a browser test picked up last leaves the other worker idle for its whole length.
+    Tests without the database may run anywhere, so the heavy ones among them (the chaos soak, on a
+    database of its own) go first of all."""
+    items.sort(
+        key=lambda item: (-1 if _heavy(item) and _db_group(item) == 2 else _db_group(item), not _heavy(item))
+    )
+
+
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args):
     """Debian's chromium, never a downloaded browser."""

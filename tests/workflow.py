@@ -129,6 +129,20 @@ class WorkerProcess:
                 self.process.wait()
 
 
+def stop_all(workers: list[WorkerProcess]) -> None:
+    """SIGTERM every worker first, then wait for each: a worker may take seconds to hand its tasks
+    back, and stopping them one after another would add those seconds up."""
+    for worker in workers:
+        if worker.process.poll() is None:
+            worker.process.terminate()
+    for worker in workers:
+        try:
+            worker.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            worker.process.kill()
+            worker.process.wait()
+
+
 def approve(task: Task, approver, decision: str = "approve"):
     """Decide the task's pending approval request as ``approver`` would in the console."""
     from approvals.models import ApprovalRequest

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from audit.models import TransitionEvent
-from tasks.models import Task
+from tasks.models import CancelRequest, Task
 from tasks.states import State, Trigger
 from tasks.transitions import Actor, advance
 from tests.api.conftest import control_body, in_waiting_retry, no_raise, post_json, post_raw, url
@@ -45,8 +45,20 @@ def test_cancel_at_the_current_version_is_applied(operator, acme):
 
 def test_cancel_records_its_scope_in_the_reason_code(operator, acme):
     task = make_task(acme)
-    post_json(api_client_for(operator), url(task, "cancel"), control_body(1, scope="children"))
-    assert TransitionEvent.objects.get(task=task, state_version=2).reason_code == "cancel:children"
+    post_json(api_client_for(operator), url(task, "cancel"), control_body(1, scope="task"))
+    assert TransitionEvent.objects.get(task=task, state_version=2).reason_code == "cancel:task"
+    assert CancelRequest.objects.get(task=task).scope == "task"
+
+
+def test_a_narrower_cancel_is_recorded_without_moving_the_task(operator, acme):
+    task = make_task(acme)
+    response = post_json(api_client_for(operator), url(task, "cancel"), control_body(1, scope="children"))
+    assert response.status_code == 200, response.content
+    assert response.json()["task"]["state_version"] == 1
+    request = CancelRequest.objects.get(task=task)
+    assert (request.scope, request.status) == ("children", "no_effect")
+    assert request.resolution == "no child task was running"
+    assert request.requested_by == f"user:{operator.username}"
 
 
 def test_a_repeated_cancel_answers_200_without_applying_anything(operator, acme):

@@ -346,7 +346,11 @@ def test_a_stored_checkpoint_body_and_digest_replay(stored):
     assert canonical.dumps(json.loads(body), version=V1_ASCII) == body
     if "\\u" in body:
         assert canonical.dumps(json.loads(body), version=V1) != body
-    assert checkpoints.encode(checkpoints.decode(body)) == body
+    # Read by today's code, a stored body comes back whole, migrated: what later schemas added is "unknown".
+    original = json.loads(body)
+    migrated = json.loads(checkpoints.encode(checkpoints.decode(body)))
+    added = {"region": "", "ownership_epoch": 0} if original["schema_version"] < 3 else {}
+    assert migrated == {**original, **added, "schema_version": checkpoints.CURRENT_SCHEMA}
 
 
 @pytest.mark.parametrize("request_", STORED["task_requests"], ids=lambda r: r["objective"])

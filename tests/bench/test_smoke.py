@@ -4,6 +4,8 @@ The figures are not checked (speed is measured by the benchmarks themselves,
 not by timed tests); what is checked is that each run finishes, verifies what
 it wrote, and prints its table. Each run creates and drops its own database on
 the test server, named per xdist worker so parallel runs never collide.
+``bench/all.py --quick`` reruns all of them in one go (minutes), so it is marked
+``slow``: out of the default run, in ``make soak-tests``.
 """
 
 from __future__ import annotations
@@ -46,25 +48,16 @@ def test_the_lease_benchmark_runs_and_finds_no_double_claim():
     assert "no double claims" in out and "| 3 |" in out
 
 
-def test_the_end_to_end_benchmark_runs_and_verifies_every_task():
-    out = run_bench("e2e.py", "--tasks", "20", "--recovery-tasks", "60", "--concurrency", "2")
-    assert "audit chains intact" in out and "SIGKILL all victims" in out
-
-
-def test_the_end_to_end_benchmark_runs_the_peer_on_the_same_work():
+def test_the_end_to_end_benchmark_runs_recovers_and_runs_the_peer_on_the_same_work():
+    # One run for both halves of e2e.py (the throughput run with its DBOS peer, then the SIGKILL
+    # recovery): each run pays for a database, its migrations and a gunicorn sandbox first.
     out = run_bench(
         "e2e.py",
-        "--tasks",
-        "20",
-        "--recovery-tasks",
-        "0",
-        "--concurrency",
-        "4",
-        "--latency-ms",
-        "50",
+        *("--tasks", "20", "--recovery-tasks", "60", "--concurrency", "4", "--latency-ms", "50"),
         "--peers",
     )
-    assert "ours / DBOS:" in out and "audit chains intact" in out
+    assert "audit chains intact" in out and "SIGKILL all victims" in out
+    assert "ours / DBOS:" in out
 
 
 def test_the_approvals_benchmark_runs_at_two_sizes():
@@ -84,6 +77,7 @@ def test_the_console_benchmark_runs_at_two_sizes():
     assert "worst ratio" in out and "| audit export |" in out
 
 
+@pytest.mark.slow  # every benchmark above again, in sequence (~2.5 min): make soak-tests runs it
 def test_the_whole_benchmark_entry_point_runs_a_reduced_matrix():
     env = {**os.environ, "DATABASE_URL": database_url()}
     prefix = f"smoke_all_{os.environ.get('PYTEST_XDIST_WORKER', 'solo')}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.workflow import WorkerProcess
+from tests.workflow import WorkerProcess, stop_all
 
 
 @pytest.fixture
@@ -22,5 +22,4 @@ def workers(sandbox, tmp_path):
         return worker
 
     yield start
-    for worker in started:
-        worker.stop()
+    stop_all(started)

@@ -109,5 +109,6 @@ def test_a_cancel_while_the_send_is_in_flight_reports_the_payment_it_could_not_u
             "connector": "payments",
             "external_ref": str(effect.pk),
             "step": "pay",
+            "compensation": "",
         }
     ]

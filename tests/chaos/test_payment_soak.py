@@ -1,6 +1,7 @@
 """Payment soak: many ``pay_invoice`` tasks under sandbox faults and SIGKILLed workers.
 
-``SOAK_TASKS`` tasks (default 500) each dispatch one payment. Two real
+Each task dispatches one payment: ``SMALL_TASKS`` (120) in the default run, ``SOAK_TASKS`` (default 500)
+in the full soak, marked ``slow`` (``make soak-tests``). Two real
 ``manage.py run_worker --sweep`` processes (the sweep also reconciles unknown
 outcomes) run them against ``live_server``'s sandbox with a short connector
 timeout and a 1 s lease. While work is in flight the test
@@ -47,11 +48,14 @@ from ledger.models import SETTLED_OK, Action, DispatchState
 from tasks.models import Task
 from tasks.states import TERMINAL, State
 from tests.conftest import make_task
-from tests.workflow import WorkerProcess
+from tests.workflow import WorkerProcess, stop_all
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(400)]
 
 SOAK_TASKS = int(os.environ.get("SOAK_TASKS", "500"))
+# The default run's size: enough for every fault kind of the seeded plan and a few SIGKILLs mid-flight
+# (the run lasts past the first kill gap); the full size runs only under ``-m slow`` (make soak-tests).
+SMALL_TASKS = 120
 SEED = int(os.environ.get("SOAK_SEED", "20261129"))
 SETTLE_WITHIN = 240.0  # seconds from the first worker's start until every task must be settled
 TICK = 0.1
@@ -122,11 +126,19 @@ def invoice(n: int) -> str:
     return f"INV-{n:05d}"
 
 
-def test_payments_under_faults_and_worker_kills_happen_exactly_once(acme, live_server, tmp_path, settings):
+@pytest.mark.parametrize(
+    "size",
+    [pytest.param(SMALL_TASKS, id="small"), pytest.param(SOAK_TASKS, id="full", marks=pytest.mark.slow)],
+)
+def test_payments_under_faults_and_worker_kills_happen_exactly_once(
+    acme, live_server, tmp_path, settings, size
+):
     sandbox = f"{live_server.url}/sandbox"
     settings.SANDBOX_BASE_URL = sandbox  # for the lookups this test itself makes at the end
     rng = random.Random(SEED)
-    plan = ChaosPlan.draw(rng, SOAK_TASKS)
+    plan = ChaosPlan.draw(rng, size)
+    # The small run must still mix every kind of fault, or it no longer soaks what the full one does.
+    assert set(plan.faults) == {(op, kind) for op, kind, _ in FAULT_MIX}
     soak = Soak(plan)
     tasks = [
         make_task(
@@ -135,7 +147,7 @@ def test_payments_under_faults_and_worker_kills_happen_exactly_once(acme, live_s
             objective=f"Pay {invoice(n)}",
             input={"invoice_id": invoice(n), "amount": str(Decimal(rng.randrange(100, 100_000)) / 100)},
         )
-        for n in range(SOAK_TASKS)
+        for n in range(size)
     ]
 
     def start() -> WorkerProcess:
@@ -150,7 +162,7 @@ def test_payments_under_faults_and_worker_kills_happen_exactly_once(acme, live_s
             for worker in workers:
                 if worker.process.poll() is not None:  # only the test may end a worker
                     pytest.fail(f"a worker exited on its own:\n{worker.process.stdout.read()}")
-            soak.drip_faults(Action.objects.count(), SOAK_TASKS)
+            soak.drip_faults(Action.objects.count(), size)
             if time.monotonic() >= next_kill:
                 victim = plan.victims[soak.kills]
                 soak.in_flight_at_kills += Action.objects.filter(
@@ -163,8 +175,7 @@ def test_payments_under_faults_and_worker_kills_happen_exactly_once(acme, live_s
             time.sleep(TICK)
         settled_after = time.monotonic() - started
     finally:
-        for worker in workers:
-            worker.stop()
+        stop_all(workers)
 
     # --- what happened --------------------------------------------------------------------------
     states = Counter(Task.objects.values_list("state", flat=True))
@@ -180,7 +191,7 @@ def test_payments_under_faults_and_worker_kills_happen_exactly_once(acme, live_s
     suppressed = sum(a.duplicates_suppressed for a in actions)
     resent = sum(a.attempts > 1 for a in actions)
     print(
-        f"\npayment soak: {SOAK_TASKS} tasks, seed {SEED}, settled in {settled_after:.1f} s\n"
+        f"\npayment soak: {size} tasks, seed {SEED}, settled in {settled_after:.1f} s\n"
         f"  faults injected {fired.total()} of {soak.faults_queued} queued: {dict(sorted(fired.items()))}\n"
         f"  workers SIGKILLed {soak.kills} ({soak.in_flight_at_kills} actions dispatching at the kills)\n"
         f"  unknown outcomes {triggers['dispatch_unknown']}, reconciled {triggers['reconciled']}\n"
@@ -188,6 +199,8 @@ def test_payments_under_faults_and_worker_kills_happen_exactly_once(acme, live_s
         f"  task states {dict(states)}\n"
         f"  action states {dict(Counter(a.dispatch_state for a in actions))}"
     )
+
+    assert soak.kills >= 1, "every task settled before the first SIGKILL: the run no longer kills mid-flight"
 
     # --- every task settled, or in doubt only while the payments system cannot answer ----------------
     in_doubt: set[str] = set()  # idempotency keys the payments system still cannot tell us about
@@ -236,4 +249,4 @@ def test_payments_under_faults_and_worker_kills_happen_exactly_once(acme, live_s
             "amount": task.input["amount"],
             "payment_ref": action.external_ref,
         }
-    assert len(effects) == SOAK_TASKS - len(in_doubt), "every settled invoice was paid"
+    assert len(effects) == size - len(in_doubt), "every settled invoice was paid"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 from django.utils import timezone
@@ -21,12 +20,13 @@ from approvals.models import ApprovalRequest
 from audit.models import TransitionEvent
 from audit.verify import verify_task
 from demo.sandbox.models import Effect, Fault
+from runtime import db
 from tasks import services
 from tasks.models import Lease, Task
 from tasks.states import ActorKind, State
 from tasks.transitions import Actor
 from tests.conftest import make_task
-from tests.workflow import ROOT, approve, database_url, put_order, state_of, wait_for
+from tests.workflow import ROOT, approve, database_url, put_order, sessions_named, state_of, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 INTEGRATOR = Actor(ActorKind.INTEGRATOR, "tests")
@@ -243,6 +243,7 @@ def test_the_celery_worker_and_beat_drive_tasks_through_a_real_broker(acme, sand
 
 def test_worker_stops_cleanly_on_sigterm(acme, workers):
     worker = workers()
-    time.sleep(2)
+    # In its loop (its pool's session is open), not still starting Django: a fixed sleep guessed either.
+    wait_for(lambda: sessions_named(db.APPLICATION_NAME) >= 1, what="the worker to open its pool")
     worker.process.terminate()
     assert worker.process.wait(timeout=15) == 0

@@ -11,7 +11,7 @@ happened and "refused" that it did not.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -28,6 +28,7 @@ from tasks.models import LegalHold, Task
 from tenancy.models import SavedView
 from tenancy.services import saved_view_create
 from tests.conftest import make_task
+from tests.matrix import CAST, build_cast, member, module_transaction
 
 pytestmark = pytest.mark.django_db
 
@@ -134,6 +135,20 @@ def _world(acme, operator) -> SimpleNamespace:
     return SimpleNamespace(task=task, approval=approval, operation=operation, view=view, alert=alert)
 
 
+@pytest.fixture(scope="module")
+def shared(django_db_setup: None, django_db_blocker: Any) -> Iterator[SimpleNamespace]:
+    """The cast and the world, once per module (tests/matrix.py), undone when the module ends."""
+    with module_transaction(django_db_blocker):
+        cast = build_cast(django_db_blocker)
+        with django_db_blocker.unblock():
+            cast.world = _world(cast.acme, cast.operator)
+        yield cast
+
+
+_acme, _globex, _operator, _approver, _auditor, _admin, _integrator, _outsider = map(member, CAST)
+_world_fixture = member("world")
+
+
 # How to fill each path parameter (by its name in the pattern). A parameter missing here fails.
 PARAMS: dict[str, Callable[[SimpleNamespace], Any]] = {
     "task_id": lambda w: w.task.id,
@@ -215,11 +230,10 @@ def test_every_console_url_has_a_row():
 
 @pytest.mark.parametrize("role", ROLES)
 @pytest.mark.parametrize("pattern", _patterns(), ids=lambda p: p.name or str(p.pattern))
-def test_the_answer_matches_the_matrix(request, pattern, role, acme, operator):
+def test_the_answer_matches_the_matrix(request, pattern, role, world):
     if pattern.name not in EXPECTED:
         pytest.fail(f"console:{pattern.name} ({pattern.pattern}) has no row in EXPECTED")
     expected = EXPECTED[pattern.name]
-    world = _world(acme, operator)
     url = _url(pattern, world)
     client = Client()
     if role != "anonymous":

@@ -34,7 +34,8 @@ STANDING = {
     "external": (State.WAITING_EXTERNAL, None),
     "retry-long": (State.WAITING_RETRY, "evidence_unavailable"),
     "quarantined": (State.QUARANTINED, "quarantine"),
-    "q-newer": (State.QUARANTINED, "checkpoint_schema_newer"),
+    # Written by a newer deployment: left untouched for its workers (mixed-version rollouts).
+    "q-newer": (State.WAITING_INPUT, None),
     "q-corrupt": (State.QUARANTINED, "checkpoint_corrupt"),
     "q-unmigratable": (State.QUARANTINED, "checkpoint_unmigratable"),
     "q-step-error": (State.QUARANTINED, "step_error"),
@@ -45,6 +46,7 @@ STANDING = {
     "approval": (State.WAITING_APPROVAL, "approval_requested"),
     "reapproval": (State.WAITING_APPROVAL, "approval_requested"),
     "long-history": (State.WAITING_EXTERNAL, None),
+    "children": (State.WAITING_CHILDREN, None),
 }
 
 
@@ -132,3 +134,8 @@ def test_every_case_exists_per_tenant_and_stays_standing_while_the_runtime_runs(
             >= 2
         )
     assert {"demo-stuck", "demo-unknown"} <= stuck
+    for slug in TENANTS:  # the batch in the workers' region ran to its end, its children first
+        batch = by_key(slug)["batch"]
+        assert batch.state == State.COMPLETED and batch.outcome["lookups_completed"] == 3
+        waiting = by_key(slug)["children"]
+        assert [c.state for c in waiting.children.all()] == [State.READY, State.READY]

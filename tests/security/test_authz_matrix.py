@@ -29,7 +29,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from django.test import Client
+from django.test import Client, override_settings
 from django.urls import URLPattern, URLResolver, get_resolver, include, path, reverse
 from django.urls.resolvers import RegexPattern
 from django.utils import timezone
@@ -44,6 +44,7 @@ from tenancy.services import saved_view_create, token_create
 from tests.api.conftest import create_body, waiting_for_input
 from tests.conftest import make_task, make_user
 from tests.console.test_approvals import ask
+from tests.matrix import CAST, FAST_HASHERS, build_cast, member, module_transaction
 
 pytestmark = pytest.mark.django_db
 
@@ -292,6 +293,21 @@ def _world(acme: Any, operator: Any) -> SimpleNamespace:
     )
 
 
+@pytest.fixture(scope="module")
+def shared(django_db_setup: None, django_db_blocker: Any) -> Iterator[SimpleNamespace]:
+    """The cast and the world, once per module (tests/matrix.py), undone when the module ends."""
+    with module_transaction(django_db_blocker):
+        cast = build_cast(django_db_blocker)
+        with django_db_blocker.unblock(), override_settings(PASSWORD_HASHERS=FAST_HASHERS):
+            cast.world = _world(cast.acme, cast.operator)
+            cast.token_user = make_user("acme-opapprover", cast.acme, Role.OPERATOR, Role.APPROVER)
+        yield cast
+
+
+_acme, _globex, _operator, _approver, _auditor, _admin, _integrator, _outsider = map(member, CAST)
+_world_fixture = member("world")
+
+
 def _open_alert(task_id: Any) -> Alert:
     task = Task.objects.get(pk=task_id)
     return Alert.objects.create(
@@ -389,7 +405,7 @@ def _client(principal: str, request: pytest.FixtureRequest, acme: Any) -> Client
     if principal == "anonymous":
         return Client()
     if principal.startswith("token:"):
-        user = make_user("acme-opapprover", acme, Role.OPERATOR, Role.APPROVER)
+        user = request.getfixturevalue("shared").token_user  # acme-opapprover: operator and approver
         expires = timezone.now() + timedelta(hours=1)
         _, key = token_create(user, scopes=[principal.removeprefix("token:")], expires_at=expires)
         return Client(HTTP_AUTHORIZATION=f"Token {key}")
@@ -400,12 +416,11 @@ def _client(principal: str, request: pytest.FixtureRequest, acme: Any) -> Client
 
 @pytest.mark.parametrize("principal", PRINCIPALS)
 @pytest.mark.parametrize("case", _cases(), ids=lambda case: f"{case[0].name}-{case[1]}")
-def test_the_answer_matches_the_matrix(request, case, principal, acme, operator):
+def test_the_answer_matches_the_matrix(request, case, principal, acme, world):
     route, method = case
     if (route.name, method) not in EXPECTED:
         pytest.fail(f"{route.name} {method} ({route.route}) has no row in EXPECTED")
     want = EXPECTED[(route.name, method)][principal]
-    world = _world(acme, operator)
     url = _url(route, world)
     client = _client(principal, request, acme)
     before = _snapshot()

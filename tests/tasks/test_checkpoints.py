@@ -141,10 +141,6 @@ def test_a_fresh_process_reads_back_and_resumes_the_same_checkpoint(acme):
 @pytest.mark.parametrize(
     "damage,reason",
     [
-        (
-            {"body": '{"schema_version": 99, "step": "from the future"}', "schema_version": 99},
-            CheckpointUnreadable.SCHEMA_NEWER,
-        ),
         ({"body": '{"schema_version": 1, "step": ', "schema_version": 1}, CheckpointUnreadable.CORRUPT),
         (
             {"body": '{"schema_version": 1, "step": "x", "surprise": true}', "schema_version": 1},
@@ -155,7 +151,7 @@ def test_a_fresh_process_reads_back_and_resumes_the_same_checkpoint(acme):
             CheckpointUnreadable.UNMIGRATABLE,
         ),
     ],
-    ids=["newer-schema", "not-json", "wrong-shape", "no-migration-path"],
+    ids=["not-json", "wrong-shape", "no-migration-path"],
 )
 def test_an_unreadable_checkpoint_quarantines_its_task_with_a_reason(acme, damage, reason):
     task = park_waiting_for_input(acme, **damage)
@@ -182,8 +178,20 @@ def test_the_three_failure_kinds_have_distinct_reasons():
     )
 
 
+def test_a_checkpoint_of_a_newer_schema_leaves_its_task_untouched(acme):
+    """A newer deployment wrote it (a mixed-version rollout): not a fault to quarantine for."""
+    newer = checkpoints.CURRENT_SCHEMA + 1
+    task = park_waiting_for_input(acme, body=json.dumps({"schema_version": newer}), schema_version=newer)
+
+    point = services.task_resume_point(task.id, actor=Actor.system("tests"))
+
+    assert point.newer and not point.quarantined and point.checkpoint is None
+    stored = Task.objects.get(pk=task.pk)
+    assert (stored.state, stored.state_version) == (State.WAITING_INPUT, task.state_version)
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_fresh_process_quarantines_a_checkpoint_from_a_newer_deployment(acme):
+def test_a_fresh_process_leaves_a_checkpoint_from_a_newer_deployment_untouched(acme):
     newer = checkpoints.CURRENT_SCHEMA + 1
     task = park_waiting_for_input(acme, body=json.dumps({"schema_version": newer}), schema_version=newer)
 
@@ -192,7 +200,8 @@ def test_a_fresh_process_quarantines_a_checkpoint_from_a_newer_deployment(acme):
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["checkpoint"] is None
     stored = Task.objects.get(pk=task.pk)
-    assert (stored.state, stored.state_reason) == (State.QUARANTINED, CheckpointUnreadable.SCHEMA_NEWER)
+    assert (stored.state, stored.state_version) == (State.WAITING_INPUT, task.state_version)
+    assert stored.events.count() == task.state_version  # no transition was added
 
 
 def test_older_checkpoints_migrate_through_the_chain(acme, monkeypatch):

@@ -9,14 +9,17 @@ cases resolves by itself while ``make demo`` runs (web, worker, beat):
 
 - waiting for input, an external event (days-long deadlines) and a retry (a
   short one the sweep resumes, and one whose backoff runs for hours);
-- quarantined for each reason: a checkpoint of a newer schema, a corrupt one, one
-  whose migration fails, a step error, a digest mismatch, an operator's hold
-  (quarantine is only left by an operator's release);
+- quarantined for each reason: a corrupt checkpoint, one whose migration fails, a
+  step error, a digest mismatch, an operator's hold (quarantine is only left by an
+  operator's release); and a task whose checkpoint a newer deployment wrote, left
+  untouched by this one's workers (a mixed-version rollout);
 - an outcome unknown whose payments system answers every lookup of that key with
   an error (a standing sandbox fault), so the reconciler can never settle it and,
   past the demo's threshold (``run_demo``: 60 s), escalates it;
 - a stuck task: runnable in region ``eu-west``, where no worker runs, so nobody
   leases it (the stuck filter shows it ``STUCK_AFTER`` after seeding);
+- a parent waiting on its children (``waiting_children``), which are queued in that
+  same region (and a batch in the workers' region that runs to its end);
 - a failed task to rerun; approvals pending, one of them a repeat request for the
   same task after the order record changed; a task with a long history (400 steps).
 
@@ -223,6 +226,12 @@ class Command(BaseCommand):
                 reason_code="quarantine",
             )
         start("lookup", "order_lookup", "Look up order A-107", {"order_id": "A-107"})
+        start(
+            "batch",
+            "order_batch",
+            "Look up orders A-110, A-111 and A-112 (one child task each)",
+            {"order_ids": ["A-110", "A-111", "A-112"]},
+        )
         if task := start(
             "approval",
             "refund_request",
@@ -348,6 +357,16 @@ class Command(BaseCommand):
             {"order_id": "A-113"},
             region=STUCK_REGION,
         )
+
+        # A parent waiting on its children: they are queued in the same region, where no worker runs.
+        if task := start(
+            "children",
+            "order_batch",
+            f"Look up orders A-115 and A-116 (children queued in region {STUCK_REGION})",
+            {"order_ids": ["A-115", "A-116"]},
+            region=STUCK_REGION,
+        ):
+            runner.run_task(task.id, worker_id="seed-demo", region=STUCK_REGION)  # starts the children
 
         # A retry whose backoff runs for hours (the short one in _tasks is resumed by the sweep).
         if task := start(

@@ -2,7 +2,7 @@
 
 Each round (``runtime.loop``):
 
-1. (with ``--sweep``) end overdue waits, expire late tasks, reconcile unknown outcomes,
+1. (with ``--sweep``) end overdue waits and expire late tasks of ``--region``, reconcile unknown outcomes,
    and every ``ALERT_SCAN_INTERVAL`` seconds raise and clear alerts (``runtime.alerts``);
    advance a queued bulk operation (``runtime.bulk``);
 2. claim as many runnable tasks of ``--region`` as there are free slots
@@ -97,7 +97,8 @@ class Command(BaseCommand):
         def chores() -> int:
             nonlocal alerts_due
             if with_sweep:
-                sweep.sweep(lambda task_id, task_region: None)  # this loop polls; no doorbell needed
+                # This loop polls: no doorbell needed. Only this worker's region: never another's tasks.
+                sweep.sweep(lambda task_id, task_region: None, region=region)
                 reconcile.reconcile_unknown()
                 approvals.expire_pending()
                 if time.monotonic() >= alerts_due:  # beat's pace, not every round's

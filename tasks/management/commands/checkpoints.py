@@ -1,11 +1,18 @@
 """manage.py checkpoints {schema,check,show,resume}
 
 - ``schema``: print the JSON Schema of the current checkpoint contract.
-- ``check [--quarantine]``: verify and decode the newest checkpoint of every
-  non-terminal task with the running code, as a worker loads it (size, codec,
-  digest against its audit event, schema column); list what it cannot read
-  with the reason (e.g. ``checkpoint_digest_mismatch``), and quarantine those
-  tasks with ``--quarantine``. Exit 1 when any is unreadable.
+- ``check [--quarantine] [--strict]``: first what this code reads — its
+  ``CURRENT_SCHEMA``, the ``READABLE`` versions, the migration chain — and how
+  many non-terminal tasks have their newest checkpoint at each schema version
+  (one aggregate query), marking the versions this code cannot read. Then
+  verify and decode the newest checkpoint of every non-terminal task with the
+  running code, as a worker loads it (size, codec, digest against its audit
+  event, schema column); list what it cannot read with the reason (e.g.
+  ``checkpoint_digest_mismatch``), and quarantine those tasks with
+  ``--quarantine``. Exit 1 when any is unreadable. A checkpoint of a newer
+  schema is listed (``NEWER``) but is not an error — in a mixed-version
+  rollout a newer deployment's workers run those tasks, and ``--quarantine``
+  leaves them alone — unless ``--strict``.
 - ``show TASK_ID``: print the decoded (migrated) newest checkpoint as JSON.
 - ``resume TASK_ID``: load the task's resume point as a worker would — a
   checkpoint it cannot read quarantines the task — and print it as JSON.
@@ -17,7 +24,9 @@ import json
 from argparse import ArgumentParser
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Count
 
 from tasks import checkpoints, services
 from tasks.models import Task
@@ -35,6 +44,11 @@ class Command(BaseCommand):
         check.add_argument(
             "--quarantine", action="store_true", help="Quarantine tasks whose checkpoint is unreadable"
         )
+        check.add_argument(
+            "--strict",
+            action="store_true",
+            help="Also fail when a checkpoint is newer than this code reads (none expected: no rollout)",
+        )
         for name in ("show", "resume"):
             sub.add_parser(name).add_argument("task_id")
 
@@ -42,7 +56,8 @@ class Command(BaseCommand):
         if action == "schema":
             self.stdout.write(json.dumps(checkpoints.json_schema(), indent=2, sort_keys=True))
         elif action == "check":
-            self._check(options["quarantine"])
+            self._versions()
+            self._check(options["quarantine"], strict=options["strict"])
         elif action == "show":
             task = self._task(options["task_id"])
             try:
@@ -71,19 +86,55 @@ class Command(BaseCommand):
         except (Task.DoesNotExist, ValueError, Exception) as exc:
             raise CommandError(f"no task {task_id}: {exc}") from None
 
-    def _check(self, quarantine: bool) -> None:
-        bad = checked = 0
+    def _versions(self) -> None:
+        """What this code reads, and where the non-terminal tasks' newest checkpoints stand (by the
+        task row's ``checkpoint_schema``: one GROUP BY, whatever the number of tasks)."""
+        current = checkpoints.CURRENT_SCHEMA
+        self.stdout.write(f"this code: schema {current} (deployment {settings.DEPLOYMENT_ID})")
+        self.stdout.write(f"readable: {', '.join(str(v) for v in sorted(checkpoints.READABLE))}")
+        self.stdout.write(f"migrations: {checkpoints.migration_chain()}")
+        counts = (
+            Task.objects.filter(state__in=NON_TERMINAL)
+            .values_list("checkpoint_schema")
+            .annotate(tasks=Count("id"))
+            .order_by("checkpoint_schema")
+        )
+        self.stdout.write("non-terminal tasks by newest checkpoint schema:")
+        for version, tasks in counts:
+            self.stdout.write(f"  schema {version}: {tasks} tasks — {_standing(version)}")
+
+    def _check(self, quarantine: bool, *, strict: bool = False) -> None:
+        bad = newer = checked = 0
         for task in Task.objects.filter(state__in=NON_TERMINAL).order_by("id").iterator(chunk_size=500):
             checked += 1
             try:
                 services.latest_checkpoint(task)
             except checkpoints.CheckpointUnreadable as exc:
+                if exc.reason == checkpoints.CheckpointUnreadable.SCHEMA_NEWER:
+                    newer += 1  # a newer deployment's: its workers run it; quarantining it would be wrong
+                    self.stdout.write(f"NEWER {task.id} {exc.reason}: {exc.detail}")
+                    continue
                 bad += 1
                 self.stdout.write(f"UNREADABLE {task.id} {exc.reason}: {exc.detail}")
                 if quarantine:
                     services.task_resume_point(task.id, actor=Actor.system("checkpoints-check"))
         self.stdout.write(
-            f"{checked} checked, {bad} unreadable (running schema {checkpoints.CURRENT_SCHEMA})"
+            f"{checked} checked, {bad} unreadable, {newer} newer than this code"
+            f" (running schema {checkpoints.CURRENT_SCHEMA})"
         )
         if bad:
             raise CommandError(f"{bad} checkpoints cannot be read by this code")
+        if newer and strict:
+            raise CommandError(f"{newer} checkpoints were written by newer code (--strict)")
+
+
+def _standing(version: int) -> str:
+    """What this code does with a task whose newest checkpoint is at schema ``version``."""
+    current = checkpoints.CURRENT_SCHEMA
+    if version == current:
+        return "current"
+    if version in checkpoints.READABLE:
+        return f"readable; migrated to {current} (and revalidated) when resumed"
+    if version > current:
+        return "newer than this code; workers of this deployment will not claim them"
+    return "older than any migration; cannot be read (quarantined when resumed)"

@@ -1,0 +1,5 @@
+"""Real worker processes against the sandbox over HTTP (the crash suites' fixtures)."""
+
+from tests.chaos.conftest import sandbox, workers
+
+__all__ = ["sandbox", "workers"]

@@ -1,0 +1,5 @@
+"""The crash tests' fixtures (the sandbox over HTTP, real worker processes), for the rollout test."""
+
+from tests.chaos.conftest import sandbox, workers
+
+__all__ = ["sandbox", "workers"]
