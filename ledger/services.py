@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Exists, F
+from django.db.models import Exists, F, Q
 from django.utils import timezone
 
 from audit.redaction import redact
@@ -29,7 +29,7 @@ def action_move(
     target: str,
     *,
     attempts: int | None = None,
-    fence: Exists | None = None,
+    fence: Exists | Q | None = None,
     **fields: Any,
 ) -> bool:
     """Compare-and-set ``dispatch_state`` from ``source`` to ``target``; False if it moved meanwhile

@@ -37,7 +37,7 @@ from ledger.connectors.base import OutcomeUnknown, Rejected
 from ledger.models import SENDABLE, Action, DispatchState
 from ledger.services import action_move
 from runtime import chaos, db
-from tasks import leases, metrics, sealing
+from tasks import cancellation, leases, metrics, sealing
 from tasks.exceptions import LeaseLost, StaleEpoch, StaleVersion
 from tasks.leases import Held
 from tasks.models import Lease, Task
@@ -48,6 +48,7 @@ tracer = trace.get_tracer(__name__)
 # reconciler trusts "absent" only CONNECTOR_MAX_IN_FLIGHT after the claim, which
 # must exceed this plus the connector's timeout plus the system's own latency.
 SEND_WINDOW = 2.0
+CANCELED_AFTER_CLAIM = "a cancel request came after the claim"
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def claim(action_id: int, *, lease: Held, at_version: int | None = None) -> Clai
         action.dispatch_state,
         DispatchState.DISPATCHING,
         attempts=action.attempts,
-        fence=leases.fence(lease, at_version=at_version),
+        fence=leases.fence(lease, at_version=at_version) & ~cancellation.call_cancel_open(lease.task_id),
     )
     if not moved:
         unchanged = Action.objects.filter(
@@ -108,6 +109,14 @@ def claim(action_id: int, *, lease: Held, at_version: int | None = None) -> Clai
                     state=owner[2],
                     state_version=owner[3],
                 )
+            canceled = Task.objects.filter(cancellation.call_cancel_open(lease.task_id)).exists()
+            if owner is not None and canceled:
+                # Decided before a cancel request committed: void, like a stale version. The worker reads
+                # the request on its next claim and withdraws the call instead (runtime.engine).
+                raise StaleVersion(
+                    f"a cancel request for task {lease.task_id} is open: not sent", state=owner[2],
+                    state_version=owner[3],
+                )  # fmt: skip
             raise _lost(lease, "cannot claim the send")
         return None
     return Claimed(Action.objects.get(pk=action_id), lease, time.monotonic(), effect)
@@ -118,16 +127,20 @@ def _may_still_send(claimed: Claimed) -> str:
     if time.monotonic() - claimed.at > SEND_WINDOW:
         return f"more than {SEND_WINDOW}s passed since the claim"
     lease = claimed.lease
-    # One query for both fences: the lease row still ours, and its task's ownership epoch.
-    epoch = (
+    # One query for every fence: the lease row still ours, its task's ownership epoch, no cancel since.
+    found = (
         Lease.objects.filter(task_id=lease.task_id, token=lease.token, worker_id=lease.worker_id)
-        .values_list("task__ownership_epoch", flat=True)
+        .annotate(canceled=cancellation.call_cancel_open(lease.task_id))
+        .values_list("task__ownership_epoch", "canceled")
         .first()
     )
-    if epoch is None:
+    if found is None:
         return "the task was taken over"
+    epoch, canceled = found
     if epoch != lease.epoch:
         return f"the task failed over to another region (now epoch {epoch}, the lease's {lease.epoch})"
+    if canceled:
+        return CANCELED_AFTER_CLAIM
     return ""
 
 
@@ -142,6 +155,18 @@ def send(claimed: Claimed) -> Action:
     why_not = _may_still_send(claimed)
     if why_not:
         log.warning("not sending", extra={"action": action.idempotency_key, "why": why_not})
+        if why_not == CANCELED_AFTER_CLAIM and action.attempts == 1:
+            # Its first send, not made: definitely not performed, so the cancel need not wait for a
+            # lookup. (A resend of an effect found absent stays in doubt: the first send may still land.)
+            action_move(
+                action.pk,
+                DispatchState.DISPATCHING,
+                DispatchState.FAILED,
+                attempts=action.attempts,
+                fence=leases.fence(claimed.lease, live=False),
+                last_error=f"withdrawn: {why_not}; never sent",
+            )
+            raise StaleVersion(f"{action.idempotency_key} not sent: {why_not}")
         raise _lost(claimed.lease, why_not)
     connector = connectors.get(action.connector)
     target: DispatchState

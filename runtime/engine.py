@@ -59,7 +59,7 @@ def decide(
         return _noting_migration(validation.validate(task, checkpoint, kind, now), checkpoint)
     if task.state == State.CANCEL_REQUESTED:
         return _confirm_cancel(task, kind, progress)
-    if task.deadline is not None and now >= task.deadline:
+    if task.deadline is not None and now >= task.deadline and not _in_doubt(task):
         return Decision(
             State.EXPIRED,
             Trigger.DEADLINE_PASSED,
@@ -110,6 +110,14 @@ def _noting_migration(verdict: Decision, checkpoint: Checkpoint) -> Decision:
             verdict, reason_code="checkpoint_migrated", reason=f"{_migration(checkpoint)}; {verdict.reason}"
         )
     return dataclasses.replace(verdict, reason=f"{verdict.reason}; {_migration(checkpoint)}")
+
+
+RECONCILED_ABSENT = DispatchState.RECONCILED_ABSENT
+
+
+def _in_doubt(task: Task) -> bool:
+    """An effect of the task may or may not have happened: it is settled before the task may end."""
+    return Action.objects.filter(task=task, dispatch_state__in=IN_DOUBT).exists()
 
 
 def _no_event_arrived(task_id, event_type: str) -> None:
@@ -517,15 +525,13 @@ def _confirm_cancel(task: Task, kind: registry.TaskType, progress: Progress) -> 
         cancellation.cancel_children(task, reason=f"parent task {task.id} is being canceled")
         if cancellation.running_children(task):
             return None
-    withdrawn = []
-    for action in Action.objects.filter(task=task, dispatch_state__in=SENDABLE):
-        _withdraw(action, "withdrawn: the task was canceled before it was sent")
-        withdrawn.append(action.idempotency_key)
     for action in Action.objects.filter(task=task, dispatch_state__in=IN_DOUBT):
         reconcile.reconcile_action(action)
     if Action.objects.filter(task=task, dispatch_state__in=IN_DOUBT).exists():
         return None
     actions = list(Action.objects.filter(task=task).order_by("id"))
+    # Never sent: withdrawn in the cancel's own commit, so they never will be.
+    unsent = [a for a in actions if a.dispatch_state == DispatchState.INTENDED]
     undone = {
         a.compensation_of_id for a in actions if a.compensation_of_id and a.dispatch_state in SETTLED_OK
     }
@@ -558,11 +564,20 @@ def _confirm_cancel(task: Task, kind: registry.TaskType, progress: Progress) -> 
         "canceled": requested,
         "requested_by": asked.requested_by if asked else "",
         "effects_not_undone": not_undone,
-        "withdrawn_unsent": withdrawn,
+        "withdrawn_unsent": [a.idempotency_key for a in unsent],
+        # Sent, and found absent by a lookup made once they could no longer land: not sent again, and
+        # still watched for a late landing (``runtime.reconcile``), which would amend this report.
+        "found_absent": [a.idempotency_key for a in actions if a.dispatch_state == RECONCILED_ABSENT],
         "children": [{"task": str(child.id), "state": child.state} for child in task.children.order_by("id")],
     }
+    withdraw = tuple(functools.partial(_withdraw, a, "withdrawn: the task was canceled") for a in unsent)
     return Decision(
-        State.CANCELED, Trigger.CANCEL_CONFIRMED, progress, reason_code=requested, changes={"outcome": report}
+        State.CANCELED,
+        Trigger.CANCEL_CONFIRMED,
+        progress,
+        reason_code=requested,
+        changes={"outcome": report},
+        also=withdraw,
     )
 
 

@@ -33,11 +33,19 @@ from tasks import cancellation, leases, liveness, metrics
 log = logging.getLogger(__name__)
 
 
+def _set_event() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
+
+
 @dataclass(frozen=True)
 class CancelSignal:
     """What a beat sets for a task with open cancel requests."""
 
-    asked: threading.Event = field(default_factory=threading.Event)  # read them before the next step
+    # Read them before the next step. Set at the start: a request made while no worker held the task
+    # is read by the worker that claims it, before its first step.
+    asked: threading.Event = field(default_factory=_set_event)
     interrupt: threading.Event = field(default_factory=threading.Event)  # stop the model turn in flight
 
     def clear(self) -> None:

@@ -177,11 +177,13 @@ def _run_task(
                 return task.state
             cancels = {}
             if signal is None or signal.asked.is_set():
+                if signal is not None:
+                    signal.clear()  # before reading: a beat that sets it meanwhile is not lost
                 cancels = cancellation.pending(task_id)
-                if signal is not None and not cancels:
-                    signal.clear()  # answered since the beat saw it
-                elif signal is not None and not cancels.keys() & cancellation.INTERRUPTING:
-                    signal.interrupt.clear()  # nothing open stops a turn: the next one runs
+                if signal is not None and cancels:
+                    signal.asked.set()  # still open: read again before the next step
+                    if cancels.keys() & cancellation.INTERRUPTING:
+                        signal.interrupt.set()
                 asked = cancels.get(CancelScope.TASK)
                 if (
                     asked

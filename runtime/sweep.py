@@ -29,8 +29,10 @@ from datetime import datetime
 from uuid import UUID
 
 from django.conf import settings
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
+from ledger.models import IN_DOUBT, Action
 from tasks import children, leases, registry
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import Task
@@ -99,9 +101,14 @@ def end_overdue_waits(now: datetime, report: SweepReport, region: str) -> None:
 
 
 def expire_past_deadline(now: datetime, report: SweepReport, region: str) -> None:
-    late = Task.objects.filter(state__in=DEADLINE_SOURCES, deadline__lte=now, region=region).order_by(
-        "deadline"
-    )[:BATCH]
+    # Not while an effect of the task is in doubt (a send cut short): it is settled first, by its worker
+    # (outcome_unknown, then the reconciler), so an expired task never hides an effect that happened.
+    in_doubt = Action.objects.filter(task=OuterRef("pk"), dispatch_state__in=IN_DOUBT)
+    late = (
+        Task.objects.filter(state__in=DEADLINE_SOURCES, deadline__lte=now, region=region)
+        .exclude(Exists(in_doubt))
+        .order_by("deadline")[:BATCH]
+    )
     for task in late:
         report.expired += _move(
             task,

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from typing import Any
 from uuid import UUID
 
 from django.db import IntegrityError, transaction
+from django.db.models import Exists
 from django.utils import timezone
 
-from tasks import doorbell
+from tasks import children, doorbell, registry
 from tasks.exceptions import StaleVersion, TransitionError
 from tasks.models import CancelRequest, CancelScope, Task
 from tasks.states import TERMINAL, State, Trigger
@@ -36,17 +38,8 @@ PROPAGATOR = Actor.system("parent-cancel")
 
 
 def request_record(task: Task, scope: str, *, actor: Actor, reason: str, at_version: int) -> CancelRequest:
-    """An unsaved request row (a ``task`` request commits it with its transition).
-
-    A ``task`` request left open by a cancel that never completed (the task was
-    quarantined meanwhile, then released) is closed first: the new one replaces it.
-    """
-    if scope == CancelScope.TASK:
-        CancelRequest.objects.filter(task=task, scope=scope, status=CancelRequest.Status.PENDING).update(
-            status=CancelRequest.Status.NO_EFFECT,
-            resolved_at=timezone.now(),
-            resolution="replaced by a later cancel request",
-        )
+    """An unsaved request row (a ``task`` request commits it with its transition, which is why at
+    most one is ever open: a task leaving ``cancel_requested`` closes its own, ``tasks.transitions``)."""
     return CancelRequest(
         task=task,
         scope=scope,
@@ -77,9 +70,12 @@ def request_scoped(task: Task, scope: str, *, actor: Actor, reason: str) -> tupl
     except IntegrityError:  # asked twice at once: the other request stands
         return CancelRequest.objects.get(task=task, scope=scope, status=CancelRequest.Status.PENDING), False
     if scope == CancelScope.CHILDREN:
-        asked = cancel_children(task, reason=f"children of {task.id} canceled: {reason}")
-        resolve([record], applied=bool(asked), note=_children_note(asked))
-        record.refresh_from_db()
+        asked: list[UUID] = []
+        try:
+            asked = cancel_children(task, reason=f"children of {task.id} canceled: {reason}")
+        finally:  # never left open: nothing else applies a children request
+            resolve([record], applied=bool(asked), note=_children_note(asked))
+            record.refresh_from_db()
     else:
         doorbell.ring(task.id, task.region)  # a worker picks it up at its next step, or its heartbeat does
     return record, True
@@ -108,6 +104,18 @@ def pending_among(task_ids: Iterable[UUID]) -> dict[UUID, set[str]]:
     return found
 
 
+def call_cancel_open(task_id: UUID | str) -> Exists:
+    """Subquery: the task has an open ``tool_call`` (or ``task``) request. A send's claim carries its
+    negation in the same statement, so a call is never sent once such a request has committed."""
+    return Exists(
+        CancelRequest.objects.filter(
+            task_id=task_id,
+            status=CancelRequest.Status.PENDING,
+            scope__in=[CancelScope.TOOL_CALL, CancelScope.TASK],
+        )
+    )
+
+
 # Requests that stop a model turn in flight (any other waits for the worker's next step).
 INTERRUPTING = frozenset({CancelScope.MODEL_TURN, CancelScope.TASK})
 
@@ -125,7 +133,7 @@ def resolve(requests: Iterable[CancelRequest], *, applied: bool, note: str) -> N
 
 
 def running_children(parent: Task) -> list[Task]:
-    return list(Task.objects.filter(parent=parent).exclude(state__in=TERMINAL).order_by("id"))
+    return list(children.running(parent.id).order_by("id"))
 
 
 def cancel_children(parent: Task, *, reason: str) -> list[UUID]:
@@ -167,3 +175,15 @@ def cancel_children(parent: Task, *, reason: str) -> list[UUID]:
                 log.info("child not asked to cancel", extra={"task_id": str(child.id), "why": str(exc)})
                 break
     return asked
+
+
+def after_parent_ended(sender: Any, *, task: Task, **kwargs: Any) -> None:
+    """After a task's end: children it started and that still run are canceled (an expired or
+    failed parent's children would otherwise go on acting for nobody). Only a type that starts
+    children is asked; a canceled task already waited for its own."""
+    if task.state == State.CANCELED or not registry.starts_children(task.task_type):
+        return
+    try:
+        cancel_children(task, reason=f"parent task {task.id} ended {task.state}")
+    except Exception:  # the parent's end committed; its children's own deadlines still bound them
+        log.exception("could not cancel the children of an ended task", extra={"task_id": str(task.id)})

@@ -7,7 +7,7 @@ parent waits and its children exist, or neither. Each child has the key
 
 A child's terminal transition writes, in its own commit, an ``ExternalEvent``
 for its parent (type ``child_ended``): the parent's record of how each child
-ended. After that commit (signal ``tasks.transitions.child_ended``, connected
+ended. After that commit (signal ``tasks.transitions.task_ended``, connected
 in ``tasks.apps``), the last child to end moves the parent on
 (``children_done`` -> ``resume_validation``); the sweep does the same for a
 parent whose last child's process died between the two (``wake_waiting``).
@@ -17,11 +17,14 @@ cannot outlive the parent's deadline).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import UUID
+
+from django.db.models import QuerySet
 
 from tasks import doorbell, leases
 from tasks.exceptions import StaleVersion, TransitionError
@@ -68,7 +71,7 @@ def start(parent: Task, step: str, specs: Sequence[Mapping[str, Any]], *, actor:
 
 def none_running_guard(parent: Task) -> None:
     """Inside the commit that (re)enters ``waiting_children``: all children ended since we looked voids it."""
-    if not Task.objects.filter(parent_id=parent.id).exclude(state__in=TERMINAL).exists():
+    if not running(parent.id).exists():
         raise StaleVersion("every child ended while the wait was being decided")
 
 
@@ -76,16 +79,23 @@ def tally(children: list[Task]) -> Counter[str]:
     return Counter(child.state for child in children)
 
 
-def after_child_ended(sender: Any, *, child: Task, **kwargs: Any) -> None:
+def running(parent_id: UUID) -> QuerySet[Task]:
+    """The children of a parent that have not ended."""
+    return Task.objects.filter(parent_id=parent_id).exclude(state__in=TERMINAL)
+
+
+def after_child_ended(sender: Any, *, task: Task, **kwargs: Any) -> None:
     """After a child's terminal commit: move its parent on if it was the last one running.
 
     Best effort, never raising into the child's caller: whoever loses a race
     finds the parent moved (or still waiting on a sibling); the sweep retries.
     """
+    if task.parent_id is None:
+        return
     try:
-        wake(child.parent_id)
+        wake(task.parent_id)
     except Exception:  # the child's own transition committed; the sweep will wake the parent
-        log.exception("could not wake the parent", extra={"task_id": str(child.parent_id)})
+        log.exception("could not wake the parent", extra={"task_id": str(task.parent_id)})
 
 
 def wake(parent_id: UUID | str | None) -> bool:
@@ -102,9 +112,10 @@ def wake(parent_id: UUID | str | None) -> bool:
         return False
     if parent.state != State.WAITING_CHILDREN:
         return False
-    if Task.objects.filter(parent_id=parent.id).exclude(state__in=TERMINAL).exists():
+    if running(parent.id).exists():
         return False
     counts = tally(list(Task.objects.filter(parent_id=parent.id)))
+    events = ExternalEvent.objects.filter(task_id=parent.id, event_type=CHILD_ENDED, applied_version=None)
     try:
         advance(
             parent.id,
@@ -114,14 +125,16 @@ def wake(parent_id: UUID | str | None) -> bool:
             trigger=Trigger.CHILDREN_DONE,
             reason="every child ended: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())),
             reason_code=Trigger.CHILDREN_DONE,
+            also=(functools.partial(_mark_applied, events, parent.state_version + 1),),
         )
     except TransitionError:
         return False  # moved meanwhile (another child's wake, a cancel, an expiry)
-    ExternalEvent.objects.filter(task_id=parent.id, event_type=CHILD_ENDED, applied_version=None).update(
-        applied_version=parent.state_version + 1
-    )
     doorbell.ring(parent.id, parent.region)
     return True
+
+
+def _mark_applied(events: QuerySet[ExternalEvent], version: int) -> None:
+    events.update(applied_version=version)
 
 
 def wake_waiting(region: str, limit: int = 500) -> int:
@@ -129,6 +142,6 @@ def wake_waiting(region: str, limit: int = 500) -> int:
     children runs (their last child's process died before waking them)."""
     waiting = Task.objects.filter(state=State.WAITING_CHILDREN, region=region).order_by("state_entered_at")
     parent_ids = list(waiting.values_list("id", flat=True)[:limit])
-    running = Task.objects.filter(parent_id__in=parent_ids).exclude(state__in=TERMINAL)
-    busy = set(running.values_list("parent_id", flat=True))
+    unended = Task.objects.filter(parent_id__in=parent_ids).exclude(state__in=TERMINAL)
+    busy = set(unended.values_list("parent_id", flat=True))
     return sum(wake(parent_id) for parent_id in parent_ids if parent_id not in busy)

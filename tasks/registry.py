@@ -336,6 +336,12 @@ def names() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def starts_children(task_type: str) -> bool:
+    """Whether ``task_type`` has a ``StartChildren`` step (False for a type this code lacks)."""
+    kind = _REGISTRY.get(task_type)
+    return kind is not None and any(isinstance(step, StartChildren) for step in kind.steps)
+
+
 def sensitive_fields(task_type: str) -> frozenset[str]:
     """The facts and input fields ``task_type`` marks sensitive (none for a type this code lacks)."""
     kind = _REGISTRY.get(task_type)

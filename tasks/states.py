@@ -132,7 +132,7 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     + _edges([S.WAITING_APPROVAL], S.RESUME_VALIDATION, T.APPROVAL_DECIDED, A.APPROVER)
     + _edges([S.WAITING_EXTERNAL], S.RESUME_VALIDATION, T.EXTERNAL_EVENT, A.INTEGRATOR, A.SYSTEM)
     + _edges([S.WAITING_RETRY], S.RESUME_VALIDATION, T.BACKOFF_ELAPSED, A.SYSTEM)
-    + _edges([S.WAITING_CHILDREN], S.RESUME_VALIDATION, T.CHILDREN_DONE, A.SYSTEM, A.WORKER)
+    + _edges([S.WAITING_CHILDREN], S.RESUME_VALIDATION, T.CHILDREN_DONE, A.SYSTEM)
     + _edges([S.WAITING_RETRY], S.RESUME_VALIDATION, T.RETRY, A.OPERATOR, A.ADMIN)
     # A wait past its wait_deadline either revalidates (the task type may re-request)
     # or expires; a task past its own deadline expires.

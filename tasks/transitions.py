@@ -37,8 +37,9 @@ from tasks.states import TERMINAL, WAITING, ActorKind, State, Trigger, find_edge
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 CHILD_ENDED = "child_ended"  # the event type of a child's end, for its parent
-# Sent after a child task's terminal commit (``child``: the task as committed).
-child_ended = Signal()
+# Sent after a task's terminal commit (``task``: as committed): its parent may move on
+# (``tasks.children``), its children still running are canceled (``tasks.cancellation``).
+task_ended = Signal()
 
 
 @dataclass(frozen=True)
@@ -282,7 +283,7 @@ def _child_ended_event(child: Task) -> ExternalEvent:
     that lock from its compare-and-set to its commit, and checks inside it that
     a child still runs (``tasks.children.none_running_guard``). So either the
     parent sees this child ended and does not wait, or it commits its wait
-    before ``child_ended``'s receiver looks at it: it is never left waiting on nothing.
+    before ``task_ended``'s receiver looks at it: it is never left waiting on nothing.
     """
     parent_id = child.parent_id
     assert parent_id is not None
@@ -301,18 +302,24 @@ def _child_ended_event(child: Task) -> ExternalEvent:
     )
 
 
-def _close_cancel_requests(task: Task, now: datetime) -> None:
-    """A task's end answers its open cancel requests (one UPDATE): a confirmed cancel applied its
-    own, the rest found nothing left to stop."""
+def _close_cancel_requests(task: Task, now: datetime, *, ended: bool) -> None:
+    """Answer the open cancel requests a move settles (one UPDATE).
+
+    A task's end answers them all: a confirmed cancel applied its own, the rest found nothing
+    left to stop. A task that leaves ``cancel_requested`` otherwise (quarantined, say) ends its
+    ``task`` request: that cancel did not happen, and a later one is a request of its own.
+    """
     status: Value | Case = Value(CancelRequest.Status.NO_EFFECT)
     resolution: Value | Case = Value(f"the task ended {task.state} first")
-    if task.state == State.CANCELED:
+    requests = CancelRequest.objects.filter(task_id=task.id, status=CancelRequest.Status.PENDING)
+    if not ended:
+        requests = requests.filter(scope=CancelScope.TASK)
+        resolution = Value(f"the task left cancel_requested for {task.state} before the cancel completed")
+    elif task.state == State.CANCELED:
         own = Q(scope=CancelScope.TASK)
         status = Case(When(own, then=Value(CancelRequest.Status.APPLIED)), default=status)
         resolution = Case(When(own, then=Value("the task was canceled")), default=resolution)
-    CancelRequest.objects.filter(task_id=task.id, status=CancelRequest.Status.PENDING).update(
-        status=status, resolution=resolution, resolved_at=now
-    )
+    requests.update(status=status, resolution=resolution, resolved_at=now)
 
 
 def _stale_epoch(
@@ -561,10 +568,10 @@ def _advance(
             for write in also:
                 write()
             ended = to_state in TERMINAL and from_state not in TERMINAL
-            if ended:  # after ``also``: a request the decision itself answered is answered as it says
-                _close_cancel_requests(task, now)
-            ended_child = ended and task.parent_id is not None
-            if ended_child:  # the parent's record of how its child ended, in the child's own commit
+            if ended or (from_state == State.CANCEL_REQUESTED and to_state != from_state):
+                # After ``also``: a request the decision itself answered is answered as it says.
+                _close_cancel_requests(task, now, ended=ended)
+            if ended and task.parent_id is not None:  # the parent's record of how its child ended
                 _child_ended_event(task).save(force_insert=True)
         if span.is_recording():
             span.set_attributes(_transition_attributes(task, from_state, edge.trigger, actor))
@@ -579,6 +586,6 @@ def _advance(
         },
     )
     metrics.transitioned(edge.trigger, task.task_type, left=entered_before, at=task.updated_at)  # committed
-    if ended_child:
-        child_ended.send(Task, child=task)  # tasks.children moves the parent on if it was the last one
+    if ended:
+        task_ended.send(Task, task=task)
     return Advanced(task, checkpoint)

@@ -5,6 +5,8 @@ In-process resume loops against the sandbox over real HTTP, on PostgreSQL.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.utils import timezone
 
@@ -114,11 +116,11 @@ def test_the_sweep_wakes_a_parent_whose_last_child_ended_without_waking_it(acme)
     parent = run(batch(acme, "O-1"))
     [child] = kids(parent)
     # The child's worker died between its terminal commit and waking the parent.
-    transitions.child_ended.disconnect(dispatch_uid="tasks.children")
+    transitions.task_ended.disconnect(dispatch_uid="tasks.children")
     try:
         assert run(child).state == State.COMPLETED
     finally:
-        transitions.child_ended.connect(children.after_child_ended, dispatch_uid="tasks.children")
+        transitions.task_ended.connect(children.after_child_ended, dispatch_uid="tasks.children")
     assert Task.objects.get(pk=parent.pk).state == State.WAITING_CHILDREN
     report = sweep.sweep(lambda task_id, region: None)
     assert report.parents_woken == 1
@@ -160,3 +162,14 @@ def test_canceling_only_the_children_lets_the_parent_go_on_with_what_they_ended_
     parent = run(Task.objects.get(pk=parent.pk))
     assert parent.state == State.COMPLETED
     assert (parent.outcome["lookups_completed"], parent.outcome["lookups_not_completed"]) == (0, 2)
+
+
+def test_a_parent_that_ends_without_a_cancel_still_stops_its_running_children(acme):
+    parent = run(batch(acme, "O-1", "O-2"))
+    later = Task.objects.get(pk=parent.pk).wait_deadline + timedelta(seconds=1)
+    sweep.sweep(lambda task_id, region: None, now=later)  # the wait for the children expired
+    assert Task.objects.get(pk=parent.pk).state == State.EXPIRED
+    for child in kids(parent):
+        assert child.state == State.CANCEL_REQUESTED
+        assert CancelRequest.objects.get(task=child).reason == f"parent task {parent.id} ended expired"
+        assert run(child).state == State.CANCELED

@@ -18,10 +18,11 @@ from pydantic import BaseModel
 from audit.models import TransitionEvent
 from demo.sandbox.models import Effect
 from ledger.models import Action, DispatchState
-from runtime import controls, engine, runner, sweep
+from runtime import controls, dispatch, engine, runner, sweep
 from runtime.heartbeats import Heartbeats
 from runtime.llm import ScriptedModel
-from tasks import decisions, registry, services
+from tasks import decisions, leases, registry, services
+from tasks.exceptions import StaleVersion
 from tasks.models import CancelRequest, Task
 from tasks.registry import Complete, ModelTurn, TaskType
 from tasks.states import State, Trigger
@@ -212,3 +213,70 @@ def test_timeout_cancel_and_failure_leave_different_marks(acme, timed_type, oper
         "deadline": (State.EXPIRED, Trigger.DEADLINE_PASSED, "deadline_passed"),
     }
     assert Task.objects.get(pk=late.pk).outcome == {"reason": "deadline_passed"}
+
+
+def run_with_heartbeats(task: Task, **model) -> str:
+    """One claim as a worker loop's slot runs it: with the heartbeat thread that signals cancels."""
+    beats = Heartbeats(timedelta(seconds=30))  # no beat during the run: only the claim's own read
+    try:
+        return runner.run_task(
+            task.id, worker_id="w", region="default", model=ScriptedModel(**model), heartbeats=beats
+        )
+    finally:
+        beats.stop()
+
+
+def test_a_cancel_made_while_no_worker_held_the_task_is_read_by_the_worker_that_claims_it(acme, operator):
+    task = make_task(acme, task_type="order_lookup", objective="Look A-1 up", input={"order_id": "A-1"})
+    control(task, operator, "model_turn")
+    run_with_heartbeats(task)
+    task = Task.objects.get(pk=task.pk)
+    assert (task.state, last_event(task).trigger) == (State.WAITING_RETRY, Trigger.TURN_CANCELED)
+    assert CancelRequest.objects.get(task=task).status == CancelRequest.Status.APPLIED
+
+
+def test_a_cancel_that_never_completed_is_closed_and_does_not_haunt_the_task(acme, operator, admin_user):
+    task = make_task(acme, task_type="order_lookup", objective="Look A-1 up", input={"order_id": "A-1"})
+    control(task, operator, "task")
+    for name in ("quarantine", "release"):  # held before a worker confirmed it, then let go
+        current = Task.objects.get(pk=task.pk)
+        controls.task_control(
+            current, name, user=admin_user, roles=frozenset({"admin"}),
+            expected_version=current.state_version, reason="look first",
+        )  # fmt: skip
+    request = CancelRequest.objects.get(task=task)
+    assert request.status == CancelRequest.Status.NO_EFFECT
+    assert "left cancel_requested for quarantined" in request.resolution
+    assert run_with_heartbeats(task) == State.COMPLETED  # no turn interrupted by the old request
+
+
+def test_no_send_is_claimed_once_a_tool_call_cancel_committed(acme, operator):
+    task = invoice_task(acme)
+    point = services.task_resume_point(task.id, actor=Actor.system("tests"))
+    intent = engine.decide(point.task, point.checkpoint, model=ScriptedModel(), now=timezone.now())
+    task = decisions.commit(point.task, intent, actor=Actor.worker("w"))
+    lease = leases.claim(task.id, worker_id="w", region="default")
+    control(task, operator, "tool_call")  # after the worker decided to send, before it claims the send
+    action = Action.objects.get(task=task)
+    with pytest.raises(StaleVersion, match="cancel request"):
+        dispatch.claim(action.pk, lease=lease, at_version=task.state_version)
+    assert Action.objects.get(pk=action.pk).dispatch_state == DispatchState.INTENDED
+    assert not Effect.objects.filter(system="payments").exists()
+
+
+def test_a_task_past_its_deadline_with_an_effect_in_doubt_settles_it_before_it_expires(acme):
+    fault("timeout", seconds=1)
+    task = invoice_task(acme)
+    Task.objects.filter(pk=task.pk).update(deadline=timezone.now() + timedelta(seconds=0.5))
+    point = services.task_resume_point(task.id, actor=Actor.system("tests"))
+    decisions.commit(
+        point.task,
+        engine.decide(point.task, point.checkpoint, model=ScriptedModel(), now=timezone.now()),
+        actor=Actor.worker("w"),
+    )
+    Action.objects.filter(task=task).update(dispatch_state=DispatchState.DISPATCHING)  # a send cut short
+    time.sleep(0.6)
+    report = sweep.sweep(lambda task_id, region: None)
+    assert report.expired == 0
+    task = run(task)
+    assert task.state == State.OUTCOME_UNKNOWN  # reconciled first, never expired over an effect in doubt
