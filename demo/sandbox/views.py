@@ -214,7 +214,9 @@ def effects(request: HttpRequest, system: str) -> JsonResponse:
         return JsonResponse(
             {"detail": "an Idempotency-Key header (at most 200 characters) is required"}, status=400
         )
-    body, problem = _body(request)
+    # An empty body is refused, not read as {}: a sender killed after its headers went out leaves one
+    # (Content-Length said more), and no system performs an effect nobody described.
+    body, problem = _body(request) if request.body else (None, "the body is empty")
     if body is None:
         return JsonResponse({"detail": f"a JSON object body is required: {problem}"}, status=400)
     try:

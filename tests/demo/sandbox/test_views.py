@@ -69,3 +69,11 @@ def test_a_standing_fault_for_one_key_fails_every_lookup_of_that_key_and_no_othe
     assert [client.get("/sandbox/payments/effects/stuck").status_code for _ in range(3)] == [503] * 3
     assert client.get("/sandbox/payments/effects/other").status_code == 200
     assert Fault.objects.get().remaining == 1
+
+
+def test_an_empty_body_performs_nothing(client):
+    # What a sender killed between its headers and its body leaves: refused, never read as {}.
+    response = client.post("/sandbox/payments/effects/", data=b"", content_type="application/json",
+                           HTTP_IDEMPOTENCY_KEY="cut-short")  # fmt: skip
+    assert response.status_code == 400 and "the body is empty" in response.json()["detail"]
+    assert not Effect.objects.filter(idempotency_key="cut-short").exists()
