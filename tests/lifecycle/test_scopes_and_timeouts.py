@@ -38,7 +38,7 @@ LIMIT = timedelta(seconds=0.2)
 
 
 class Nothing(BaseModel):
-    pass
+    """The input of a type that needs none."""
 
 
 TIMED = TaskType(
