@@ -190,6 +190,13 @@ def parse_scopes(text: str | Iterable[str]) -> list[str]:
     return [scope for scope in Scope.values if scope in names]
 
 
+def _draw_key() -> str:
+    """A fresh URL-safe key that does not start with ``-``, so its prefix is never read as an option."""
+    while (key := secrets.token_urlsafe(TOKEN_BYTES)).startswith("-"):
+        pass
+    return key
+
+
 def token_create(
     user: Any,
     *,
@@ -205,7 +212,7 @@ def token_create(
     """
     chosen = parse_scopes(scopes)
     for _ in range(5):  # the prefix is unique: draw again on the (astronomically rare) collision
-        key = secrets.token_urlsafe(TOKEN_BYTES)
+        key = _draw_key()
         try:
             with transaction.atomic():
                 token = ApiToken.objects.create(

@@ -237,6 +237,15 @@ def test_drf_create_token_prints_the_key_once_and_revoke_token_ends_it(operator)
     assert token_client(key).get("/api/tasks/").status_code == 401
 
 
+def test_a_key_never_starts_with_a_dash_so_its_prefix_is_never_read_as_an_option(operator, monkeypatch):
+    draws = iter(["-starts-like-an-option", "Plain-key-after"])
+    monkeypatch.setattr("tenancy.services.secrets.token_urlsafe", lambda n: next(draws))
+    token, key = token_create(operator, scopes=["read"], expires_at=None)
+    assert key == "Plain-key-after" and token.prefix == key[: ApiToken.PREFIX_LENGTH]
+    call_command("revoke_token", token.prefix, stdout=io.StringIO())
+    assert token_client(key).get("/api/tasks/").status_code == 401
+
+
 def test_drf_create_token_refuses_an_unknown_scope(operator):
     from django.core.management.base import CommandError
 
