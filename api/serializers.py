@@ -16,7 +16,7 @@ from approvals.models import ApprovalRequest, ApprovalStatus
 from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS
 from audit.models import LeaseTakeover, TransitionEvent
 from ledger.models import Action
-from tasks import checkpoints, registry, retention, reveal, sealing, selectors, values
+from tasks import checkpoints, compensation, registry, retention, reveal, sealing, selectors, values
 from tasks.models import CancelRequest, Checkpoint, Lease, Task
 from tasks.states import State
 from tenancy.models import Tenant
@@ -76,6 +76,8 @@ class TaskDetail(TaskSummary):
     reruns = serializers.SerializerMethodField()
     children = serializers.SerializerMethodField()
     cancel_requests = serializers.SerializerMethodField()
+    compensations = serializers.SerializerMethodField()
+    compensates = serializers.SerializerMethodField()
 
     class Meta(TaskSummary.Meta):
         fields = TaskSummary.Meta.fields + [
@@ -85,6 +87,8 @@ class TaskDetail(TaskSummary):
             "cancel_requests",
             "rerun_of",
             "reruns",
+            "compensations",
+            "compensates",
             "input",
             "outcome",
             "idempotency_key",
@@ -153,8 +157,7 @@ class TaskDetail(TaskSummary):
 
     def get_reruns(self, task: Task) -> list[str]:
         """Ids of the tasks started to run this one again, oldest first (``rerun_of``'s FK index)."""
-        reruns = Task.objects.filter(rerun_of=task).order_by("id").values_list("pk", flat=True)
-        return [str(pk) for pk in reruns]
+        return [str(pk) for pk in compensation.reruns(task).values_list("pk", flat=True)]
 
     def get_children(self, task: Task) -> list[dict[str, str]]:
         """The tasks this one started (``StartChildren``), oldest first, with their states."""
@@ -176,6 +179,27 @@ class TaskDetail(TaskSummary):
             }
             for r in CancelRequest.objects.filter(task=task).order_by("-requested_at")
         ]
+
+    def get_compensations(self, task: Task) -> list[dict[str, Any]]:
+        """A canceled task's effects left done that its type can undo, each with its run once started
+        (``POST /api/tasks/{id}/compensate/``)."""
+        return [
+            {
+                "action": offer.action.idempotency_key,
+                "step": offer.action.step,
+                "connector": offer.action.connector,
+                "external_ref": offer.action.external_ref,
+                "compensation": offer.step,
+                "run": str(offer.run.id) if offer.run else None,
+                "run_state": offer.run.state if offer.run else None,
+            }
+            for offer in compensation.offers(task)
+        ]
+
+    def get_compensates(self, task: Task) -> dict[str, str] | None:
+        """For a compensation run: the canceled task and the action it undoes."""
+        action = compensation.undone_by(task)
+        return None if action is None else {"task": str(action.task_id), "action": action.idempotency_key}
 
     def get_allowed_transitions(self, task: Task) -> list[dict[str, str]]:
         return selectors.allowed_moves(self.context["request"].user, task)

@@ -9,6 +9,7 @@ from api.views.tasks import (
     TaskActionsApi,
     TaskCheckpointsApi,
     TaskCollectionApi,
+    TaskCompensateApi,
     TaskControlApi,
     TaskDetailApi,
     TaskEventsApi,
@@ -27,6 +28,7 @@ urlpatterns = (
         path("tasks/<uuid:task_id>/actions/", TaskActionsApi.as_view(), name="api-task-actions"),
         path("tasks/<uuid:task_id>/input/", TaskInputApi.as_view(), name="api-task-input"),
         path("tasks/<uuid:task_id>/rerun/", TaskRerunApi.as_view(), name="api-task-rerun"),
+        path("tasks/<uuid:task_id>/compensate/", TaskCompensateApi.as_view(), name="api-task-compensate"),
         path("tasks/<uuid:task_id>/reveal/", TaskRevealApi.as_view(), name="api-task-reveal"),
         path("tasks/<uuid:task_id>/legal-hold/", TaskLegalHoldApi.as_view(), name="api-task-legal-hold"),
         path(

@@ -100,6 +100,22 @@ class RerunForm(forms.Form):
         return _problem(self)
 
 
+class CompensateForm(forms.Form):
+    """Undo one effect a canceled task left done: a compensation run (``tasks.compensation``)."""
+
+    action = forms.CharField(max_length=200, widget=forms.HiddenInput)
+    reason = forms.CharField(
+        max_length=2000,
+        label="Reason to undo it",
+        widget=forms.TextInput(attrs={"placeholder": "Reason (required)"}),
+    )
+    # It sends a new side effect to a real system: the server refuses it unticked.
+    confirm = forms.BooleanField(label="Yes, send the compensating effect")
+
+    def problem(self) -> str:
+        return _problem(self)
+
+
 class RevealForm(forms.Form):
     """Reveal one masked field (``tasks.reveal``) with a reason: from a checkpoint version, or the newest."""
 

@@ -35,11 +35,11 @@ from django.views.decorators.http import require_POST, require_safe
 from approvals.models import ApprovalRequest
 from audit.models import LeaseTakeover, TransitionEvent
 from console.access import can_operate, get_task_for_user
-from console.forms import DESTRUCTIVE, AnswerForm, ControlForm, RerunForm, RevealForm
+from console.forms import DESTRUCTIVE, AnswerForm, CompensateForm, ControlForm, RerunForm, RevealForm
 from console.quarantine import BEFORE_RELEASE
 from ledger.models import Action
 from runtime import controls
-from tasks import checkpoints, registry, retention, reveal, sealing, selectors, services
+from tasks import checkpoints, compensation, registry, retention, reveal, sealing, selectors, services
 from tasks.checkpoints import CheckpointUnreadable
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import CancelRequest, Checkpoint, Lease, Task
@@ -590,7 +590,13 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         "rerun_of": Task.objects.filter(pk=task.rerun_of_id).values("id", "state").first()
         if task.rerun_of_id
         else None,
-        "reruns": list(Task.objects.filter(rerun_of=task).order_by("id").values("id", "state")[:20]),
+        "reruns": list(compensation.reruns(task).values("id", "state")[:20]),
+        "compensations": [
+            (offer, CompensateForm(initial={"action": offer.action.idempotency_key}, auto_id=f"%s-undo-{n}"))
+            for n, offer in enumerate(compensation.offers(task))
+        ],
+        "may_compensate": operate,
+        "compensates": compensation.undone_by(task) if task.rerun_of_id else None,
         "parent": Task.objects.filter(pk=task.parent_id).values("id", "state", "task_type").first()
         if task.parent_id
         else None,
@@ -745,6 +751,32 @@ def task_rerun(request: HttpRequest, task_id: UUID) -> HttpResponse:
     else:
         messages.info(request, "This rerun was already started (the form was sent twice).")
     return redirect("console:task", task_id=rerun.id)
+
+
+@login_required
+@require_POST
+def task_compensate(request: HttpRequest, task_id: UUID) -> HttpResponse:
+    """Undo an effect a canceled task left done, as a compensation run (``tasks.compensation``)."""
+    task = _operable(request, task_id)
+    form = CompensateForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, form.problem())
+        return redirect("console:task", task_id=task.id)
+    try:
+        run, created = compensation.start(
+            task,
+            form.cleaned_data["action"],
+            actor=Actor.user(request.user, ActorKind.OPERATOR),
+            reason=form.cleaned_data["reason"],
+        )
+    except (compensation.NotCompensable, services.InvalidTaskInput) as exc:
+        messages.error(request, f"Nothing was started: {exc}")
+        return redirect("console:task", task_id=task.id)
+    if created:
+        messages.success(request, f"Compensation started: this task undoes {form.cleaned_data['action']}.")
+    else:
+        messages.info(request, "This effect's compensation was already started: here it is.")
+    return redirect("console:task", task_id=run.id)
 
 
 @login_required

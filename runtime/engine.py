@@ -25,7 +25,7 @@ from ledger.models import IN_DOUBT, SENDABLE, SETTLED_FAILED, SETTLED_OK, Action
 from ledger.services import action_move
 from runtime import db, dispatch, evidence, llm, reconcile, validation
 from runtime.llm import Model, ModelUnavailable
-from tasks import cancellation, children, registry, sealing, services
+from tasks import cancellation, children, compensation, registry, sealing, services
 from tasks.checkpoints import Checkpoint, EvidenceRef, Progress, ToolCallRecord, as_fact
 from tasks.decisions import Decision, quarantine, retry_later
 from tasks.exceptions import StaleVersion
@@ -85,6 +85,10 @@ def decide(
             reason_code="deployment_changed",
             reason=f"checkpoint written by {written_by}, resuming on {settings.DEPLOYMENT_ID}",
         )
+    if compensation.FACT_STEP in progress.facts:
+        ended = _compensation_run(task, kind, progress)
+        if ended is not None:
+            return ended
     step = kind.step(checkpoint.step)
     if step is None:
         return quarantine(progress, "unknown_step", f"step {checkpoint.step!r} is not part of {kind.name}")
@@ -303,9 +307,7 @@ def _dispatch(
                 reason=why,
                 reason_code=f"approval_{verdict}",
             )
-    compensated = None
-    if step.compensates:
-        compensated = Action.objects.filter(task=task, step=step.compensates).order_by("-id").first()
+    compensated = compensation.undone_action(task, step, facts) if step.compensates else None
     intent = ActionIntent(
         step=step.name,
         connector=step.connector,
@@ -579,6 +581,53 @@ def _confirm_cancel(task: Task, kind: registry.TaskType, progress: Progress) -> 
         changes={"outcome": report},
         also=withdraw,
     )
+
+
+def _compensation_run(task: Task, kind: registry.TaskType, progress: Progress) -> Decision | None:
+    """A compensation run (``tasks.compensation``) does its one step, then ends; None: run that step.
+
+    It ends ``completed`` once its effect settled, ``failed`` when the system or an
+    approver refused it. Wherever else the type's steps lead it (an approval's
+    ``next``), it goes back to the compensating step.
+    """
+    name = str(progress.facts[compensation.FACT_STEP])
+    undoes = progress.facts.get(compensation.FACT_ACTION)
+    step = kind.step(name)
+    if not isinstance(step, registry.Dispatch):
+        return quarantine(
+            progress, "unknown_step", f"compensating step {name!r} is not a dispatch of {kind.name}"
+        )
+    done = next((call for call in progress.tool_calls if call.step == name), None)
+    if done is not None:
+        outcome = {
+            "compensated": undoes,
+            "by": done.idempotency_key,
+            "external_ref": progress.facts.get(step.output),
+        }
+        return Decision(
+            State.COMPLETED,
+            Trigger.COMPLETE,
+            progress,
+            reason=f"{name} undid {undoes}",
+            reason_code="compensated",
+            changes={"outcome": outcome},
+        )
+    refused = "compensation_rejected" if progress.facts.get(f"{name}_rejected") else ""
+    if not refused and step.approval and progress.step not in (name, step.approval):
+        request = approvals.latest_request(task, step.approval)
+        refused = "compensation_not_approved" if request and request.status == ApprovalStatus.REJECTED else ""
+    if refused:
+        return Decision(
+            State.FAILED,
+            Trigger.FAIL,
+            progress,
+            reason=f"{name} could not undo {undoes}",
+            reason_code=refused,
+            changes={"outcome": {"reason": refused, "compensated": None, "undoes": undoes}},
+        )
+    if progress.step in (name, step.approval):
+        return None
+    return _advance_to(progress, name, task)
 
 
 def _approval_gate(

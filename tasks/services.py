@@ -84,10 +84,15 @@ def task_create(
     rerun_of: Task | None = None,
     reason: str = "",
     nested: bool = False,
+    first_step: str = "",
+    facts: dict[str, Scalar] | None = None,
 ) -> tuple[Task, bool]:
     """Start a task, or return the one started before with the same key.
 
     ``reason`` is the creation event's (default: the objective's head).
+    ``first_step`` and ``facts``: where the task starts and what it knows there
+    (a compensation run, ``tasks.compensation``); by default the type's first
+    step and the facts of its input.
     ``nested``: inside the caller's transaction (a parent starting children);
     the doorbell rings once that commits.
     Returns ``(task, created)``. Raises ``InvalidTaskInput`` (field errors)
@@ -136,7 +141,9 @@ def task_create(
     )
     task.input = seal_input(task_type, task.id, accepted)  # the id exists already (uuid7 default)
     progress = checkpoints.Progress(
-        step=kind.first_step, input_refs=[f"task:{task.id}/input"], facts=kind.initial_facts(accepted)
+        step=first_step or kind.first_step,
+        input_refs=[f"task:{task.id}/input"],
+        facts=kind.initial_facts(accepted) if facts is None else facts,
     )
     try:
         task = task_start(

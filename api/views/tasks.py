@@ -26,7 +26,7 @@ from api.serializers import ActionOut, CheckpointOut, DeliveryOut, EventOut, Tas
 from audit.models import TransitionEvent
 from ledger.models import Action
 from runtime import controls
-from tasks import registry, selectors, services
+from tasks import compensation, registry, selectors, services
 from tasks.models import Checkpoint, Task
 from tasks.states import ActorKind, State
 from tasks.transitions import Actor
@@ -345,6 +345,58 @@ class TaskRerunApi(APIView):
                 status=status.HTTP_409_CONFLICT,
             )
         out = TaskDetail(rerun, context={"request": request}).data
+        return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class TaskCompensateApi(APIView):
+    """POST /api/tasks/{id}/compensate/ — undo an effect a canceled task left done (tasks.compensation)."""
+
+    token_scopes = {"POST": Scope.OPERATE}
+
+    class CompensateInput(serializers.Serializer):
+        action = serializers.CharField(
+            max_length=200, help_text="The effect's idempotency key, from the report"
+        )
+        reason = serializers.CharField(max_length=2000)
+
+        def validate_reason(self, value: str) -> str:
+            storable(value, "reason")
+            return value
+
+    @extend_schema(
+        operation_id="tasks_compensate",
+        request=CompensateInput,
+        responses={
+            200: OpenApiResponse(TaskDetail, description="That effect's compensation run, started before"),
+            201: OpenApiResponse(TaskDetail, description="The compensation run, a new task"),
+            400: OpenApiResponse(
+                description="Field errors (also: the old input or checkpoint cannot be read)"
+            ),
+            403: OpenApiResponse(description="Needs the operator or admin role in the task's tenant"),
+            404: OpenApiResponse(),
+            409: OpenApiResponse(
+                description="not_compensable: the task is not canceled, or the effect is not offered"
+            ),
+        },
+    )
+    def post(self, request: Request, task_id: UUID) -> Response:
+        task = selectors.get_visible_task(request.user, task_id)
+        if not selectors.roles_in(request.user, task) & {Role.OPERATOR, Role.ADMIN}:
+            raise PermissionDenied(
+                "Compensating an effect needs the operator or admin role in the task's tenant."
+            )
+        body = self.CompensateInput(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            run, created = compensation.start(
+                task,
+                body.validated_data["action"],
+                actor=Actor.user(request.user, ActorKind.OPERATOR),
+                reason=body.validated_data["reason"],
+            )
+        except services.InvalidTaskInput as exc:
+            raise ValidationError(exc.errors) from None
+        out = TaskDetail(run, context={"request": request}).data
         return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 

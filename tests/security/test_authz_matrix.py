@@ -129,6 +129,7 @@ EXPECTED: dict[tuple[str, str], dict[str, int | str]] = {
     ("api-task-retry_migration", "POST"): cols(401, 404, 403, P,   403, 403, P,     403, P,   403, 403),
     ("api-task-reconcile", "POST"):       cols(401, 404, 403, P,   403, 403, P,     403, P,   403, 403),
     ("api-task-rerun", "POST"):           cols(401, 404, 403, P,   403, 403, P,     403, P,   403, 403),
+    ("api-task-compensate", "POST"):      cols(401, 404, 403, P,   403, 403, P,     403, P,   403, 403),
     ("api-task-reveal", "POST"):          cols(401, 404, 403, P,   403, 403, P,     403, P,   403, 403),
     # --- a legal hold: any role reads it; only the tenant's admins place or lift it (a token: "operate")
     ("api-task-legal-hold", "GET"):       cols(401, 404, 200, 200, 200, 200, 200,   200, 403, 403, 403),
@@ -147,6 +148,7 @@ EXPECTED: dict[tuple[str, str], dict[str, int | str]] = {
     ("console:task-control", "POST"):     cols(L,   404, 403, R,   403, 403, R,     *T),
     ("console:task-answer", "POST"):      cols(L,   404, 403, R,   403, 403, R,     *T),
     ("console:task-rerun", "POST"):       cols(L,   404, 403, R,   403, 403, R,     *T),
+    ("console:task-compensate", "POST"):  cols(L,   404, 403, R,   403, 403, R,     *T),
     ("console:task-reveal", "POST"):      cols(L,   404, 403, P,   403, 403, P,     *T),
     ("console:task-legal-hold", "POST"):  cols(L,   404, 403, 403, 403, 403, R,     *T),
     ("console:landing", "GET"):           cols(L,   R,   R,   R,   R,   R,   R,     *T),
@@ -354,6 +356,8 @@ def _body(name: str, world: SimpleNamespace) -> dict[str, Any]:
         return {"event_key": "matrix", "event_type": "matrix", "payload": {}}
     if name == "api-task-rerun":
         return {"reason": "matrix"}
+    if name == "api-task-compensate":
+        return {"action": "matrix", "reason": "matrix"}
     if name == "api-task-legal-hold":
         return {"hold": True, "reason": "matrix"}
     if name == "api-task-reveal":
@@ -368,6 +372,8 @@ def _body(name: str, world: SimpleNamespace) -> dict[str, Any]:
         return {"expected_version": task.state_version, "answer": "matrix"}
     if name == "console:task-rerun":
         return {"reason": "matrix"}
+    if name == "console:task-compensate":
+        return {"action": "matrix", "reason": "matrix", "confirm": "on"}
     if name == "console:task-legal-hold":
         return {"hold": "place", "reason": "matrix"}
     if name == "console:task-reveal":
