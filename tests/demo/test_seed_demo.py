@@ -22,6 +22,7 @@ from ledger.models import Action, DispatchState
 from runtime.reconcile import reconcile_unknown
 from runtime.runner import run_available
 from runtime.sweep import sweep
+from tasks import compensation
 from tasks.models import Task
 from tasks.selectors import stuck_condition
 from tasks.states import State
@@ -109,6 +110,7 @@ def test_every_case_exists_per_tenant_and_stays_standing_while_the_runtime_runs(
         assert first.digest != second.digest  # the payment asked about changed with the record
         action = Action.objects.get(task=tasks["unknown"])
         assert Fault.objects.filter(operation="lookup", params__key=action.idempotency_key).exists()
+        assert tasks["canceled"].state == State.CANCEL_REQUESTED  # its ticket opened; a worker confirms
 
     # What make demo runs, in-process: the sweep, the reconciler (past the escalation threshold,
     # asking at once), worker rounds. The two "ready" tasks may complete; nothing standing moves.
@@ -139,3 +141,11 @@ def test_every_case_exists_per_tenant_and_stays_standing_while_the_runtime_runs(
         assert batch.state == State.COMPLETED and batch.outcome["lookups_completed"] == 3
         waiting = by_key(slug)["children"]
         assert [c.state for c in waiting.children.all()] == [State.READY, State.READY]
+        # Canceled after its ticket was opened: the worker confirmed the cancel, and the report
+        # offers close_ticket to undo the ticket it could not unsend.
+        canceled = by_key(slug)["canceled"]
+        assert canceled.state == State.CANCELED
+        [left] = canceled.outcome["effects_not_undone"]
+        assert (left["step"], left["compensation"]) == ("open_ticket", "close_ticket")
+        [offer] = compensation.offers(canceled)
+        assert offer.step == "close_ticket" and offer.run is None

@@ -44,10 +44,10 @@ from django.utils import timezone
 from approvals import services as approvals
 from approvals.models import ApprovalRequest
 from demo.foreign import written_as
-from demo.sandbox.models import Fault, Record
+from demo.sandbox.models import Effect, Fault, Record
 from ledger.models import IN_DOUBT, Action, DispatchState
 from ledger.services import action_move
-from runtime import runner
+from runtime import controls, runner
 from tasks import checkpoints, decisions, leases, registry, services
 from tasks.models import Checkpoint, Policy, RuntimeConfig, Task
 from tasks.services import task_create
@@ -261,6 +261,48 @@ class Command(BaseCommand):
             {"invoice_id": "INV-77", "amount": "77.00", "currency": "EUR"},
         ):
             self._lost_answer(task, worker)
+        if task := start(
+            "canceled",
+            "refund_request",
+            "Refund order A-117 (canceled after its ticket was opened)",
+            _refund("A-117", "58.00"),
+        ):
+            progress = read("A-117", damaged_item="mug", return_tracking="TRK-A117")
+            self._ticket_left_open(task, worker, operator, progress)
+
+    def _ticket_left_open(self, task, worker, operator, progress: checkpoints.Progress) -> None:
+        """The ticket is opened (its effect is in the sandbox), then an operator cancels the refund.
+        The running demo's worker confirms the cancel: its report lists the ticket as not undone,
+        and the task page offers close_ticket to undo it (a compensation run)."""
+        step = registry.get(task.task_type).step_as("open_ticket", registry.Dispatch)
+        facts = {**task_facts(task), **progress.facts}
+        effect = step.effect(facts)
+        task = advance(
+            task.id,
+            task.state_version,
+            State.READY,
+            actor=worker,
+            trigger=Trigger.STEP,
+            progress=progress.model_copy(update={"step": "open_ticket", "facts": facts}),
+            actions=[ActionIntent(step="open_ticket", connector="tickets", effect=effect)],
+            reason="intends tickets: ticket.open",
+        )
+        action = Action.objects.get(task=task)
+        opened, _ = Effect.objects.get_or_create(
+            system="tickets", idempotency_key=action.idempotency_key, defaults={"request": effect}
+        )
+        action_move(action.pk, DispatchState.INTENDED, DispatchState.DISPATCHING)
+        action_move(
+            action.pk, DispatchState.DISPATCHING, DispatchState.SUCCEEDED, external_ref=str(opened.pk)
+        )
+        controls.task_control(
+            task,
+            "cancel",
+            user=operator,
+            roles=frozenset({Role.OPERATOR}),
+            expected_version=task.state_version,
+            reason="the customer withdrew the claim",
+        )
 
     def _standing(self, tenant: Tenant, operator, approver) -> None:
         """The cases an operator triages that nothing in the running demo resolves."""
@@ -532,6 +574,7 @@ ORDERS = {
     "A-114": {"status": "shipped", "total": "13.00", "card": "visa-4242"},
     "A-115": {"status": "delivered", "total": "35.00", "card": "visa-4242"},
     "A-116": {"status": "delivered", "total": "38.00", "card": "visa-4242"},
+    "A-117": {"status": "delivered", "total": "58.00", "card": "visa-2020"},
 }
 
 
