@@ -152,6 +152,7 @@ def _why(
     entry: TransitionEvent | None,
     stuck: bool,
     unknown_effects: int,
+    undoable: int = 0,
 ) -> Why:
     base: dict[str, Any] = {
         "reason": latest.reason if latest is not None else "",
@@ -165,6 +166,8 @@ def _why(
         return Why(**base, next=f"nothing: stuck — {_stuck_cause(task)}", stuck=True)
     if state in TERMINAL:
         rerun = " An operator can rerun it as a new task." if state in services.RERUNNABLE else ""
+        if undoable:
+            rerun += f" {undoable} effect(s) it left done can be undone below (Effects left done)."
         return Why(**base, next=f"nothing: the task ended ({state}).{rerun}")
     if state == State.QUARANTINED:
         return Why(
@@ -565,6 +568,7 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
             initial["reason"] = draft.get("reason", "")
         rerun_form = RerunForm(initial=initial)
     children = Task.objects.filter(parent=task).order_by("id").values("id", "state", "task_type")
+    offers = compensation.offers(task)  # a canceled task's effects left done, each with its run if started
     return {
         "why": _why(
             task,
@@ -574,6 +578,7 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
             entry=entry,
             stuck=stuck,
             unknown_effects=ledger.get("unknown", 0),
+            undoable=sum(offer.run is None for offer in offers),
         ),
         "lease": lease,
         "ledger": ledger,
@@ -593,7 +598,7 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         "reruns": list(compensation.reruns(task).values("id", "state")[:20]),
         "compensations": [
             (offer, CompensateForm(initial={"action": offer.action.idempotency_key}, auto_id=f"%s-undo-{n}"))
-            for n, offer in enumerate(compensation.offers(task))
+            for n, offer in enumerate(offers)
         ],
         "may_compensate": operate,
         "compensates": compensation.undone_by(task) if task.rerun_of_id else None,

@@ -577,6 +577,10 @@ def _confirm_cancel(task: Task, kind: registry.TaskType, progress: Progress) -> 
         State.CANCELED,
         Trigger.CANCEL_CONFIRMED,
         progress,
+        reason=(
+            f"canceled ({asked.reason if asked and asked.reason else requested}): "
+            f"{len(not_undone)} effect(s) left done, {len(unsent)} never sent and withdrawn"
+        ),
         reason_code=requested,
         changes={"outcome": report},
         also=withdraw,

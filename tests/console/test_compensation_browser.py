@@ -23,6 +23,7 @@ def test_an_operator_undoes_a_booking_a_cancel_left_done_and_follows_the_links(
     booked = Action.objects.get(task=task)
     log_in(page, live_server.url, "acme-operator")
     page.goto(f"{live_server.url}/console/tasks/{task.id}/")
+    expect(page.locator("section.why")).to_contain_text("1 effect(s) it left done can be undone below")
     offers = page.locator("section.compensations")
     expect(offers).to_contain_text(booked.idempotency_key)
     expect(offers).to_contain_text("unbook")
