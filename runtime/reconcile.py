@@ -296,14 +296,16 @@ def _amend_report(action: Action, target: str, fields: dict, checked_at: datetim
     )
 
 
-def recheck_absent(*, limit: int = BATCH) -> int:
-    """Ask again about effects found absent for tasks that have ended; return how many landed late."""
+def recheck_absent(*, limit: int = BATCH, region: str | None = None) -> int:
+    """Ask again about effects found absent for ``region``'s tasks that have ended; return how many
+    landed late."""
     now = timezone.now()
     due = (
         Action.objects.filter(
             dispatch_state=DispatchState.RECONCILED_ABSENT,
             resolved_at__gte=now - _seconds("LATE_EFFECT_WINDOW"),
             task__state__in=TERMINAL,
+            task__region=region or settings.WORKER_REGION,
         )
         .filter(Q(checked_at__isnull=True) | Q(checked_at__lte=now - _seconds("LATE_EFFECT_RECHECK_EVERY")))
         .order_by("resolved_at")[:limit]
@@ -331,14 +333,16 @@ def recheck_absent(*, limit: int = BATCH) -> int:
     return landed
 
 
-def reconcile_unknown(*, limit: int = BATCH) -> int:
-    """The periodic reconciler: every task in ``outcome_unknown`` (and every cancel waiting on an
-    effect in doubt), oldest first; then late landings."""
+def reconcile_unknown(*, limit: int = BATCH, region: str | None = None) -> int:
+    """The periodic reconciler of ``region`` (default ``WORKER_REGION``): every task of its own in
+    ``outcome_unknown`` (and every cancel waiting on an effect in doubt), oldest first; then late
+    landings. Like the sweep, it never moves a task another region owns (``runtime.failover``)."""
+    region = region or settings.WORKER_REGION
     done = 0
     in_doubt = Exists(Action.objects.filter(task=OuterRef("pk"), dispatch_state__in=IN_DOUBT))
     waiting_on_effects = Q(state=State.OUTCOME_UNKNOWN) | (Q(state=State.CANCEL_REQUESTED) & in_doubt)
     for task_id in (
-        Task.objects.filter(waiting_on_effects)
+        Task.objects.filter(waiting_on_effects, region=region)
         .order_by("state_entered_at")
         .values_list("id", flat=True)[:limit]
     ):
@@ -351,7 +355,7 @@ def reconcile_unknown(*, limit: int = BATCH) -> int:
         except Exception:  # one task's trouble must not stop the reconciler for all the others
             log.exception("reconciling a task failed", extra={"task_id": str(task_id)})
     try:
-        recheck_absent(limit=limit)
+        recheck_absent(limit=limit, region=region)
     except DatabaseError:
         raise
     except Exception:

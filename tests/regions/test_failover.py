@@ -7,7 +7,7 @@ neither commit (``StaleEpoch``, nothing written) nor claim a send nor
 heartbeat, even when its lease row still looks live; everyone else goes on
 working on the moved task; the failover verifies (checkpoint, ledger) before
 it moves anything, reports what it left behind and why, and moves nothing
-twice; the sweep touches only its own region's tasks.
+twice; the sweep and the reconciler touch only their own region's tasks.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 from io import StringIO
+from types import SimpleNamespace
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -23,7 +24,7 @@ from django.utils import timezone
 from audit.models import TransitionEvent
 from ledger.models import Action, DispatchState
 from ledger.services import action_move
-from runtime import dispatch, failover, sweep
+from runtime import dispatch, failover, reconcile, sweep
 from tasks import doorbell, leases
 from tasks.exceptions import StaleEpoch, StaleVersion
 from tasks.leases import Held
@@ -356,6 +357,18 @@ def test_the_sweep_moves_only_its_own_regions_tasks(acme):
     assert report.waits_ended == 1
     assert Task.objects.get(pk=mine.pk).state == State.RESUME_VALIDATION
     assert Task.objects.get(pk=theirs.pk).state == State.WAITING_RETRY
+
+
+def test_the_reconciler_looks_only_at_its_own_regions_tasks(acme, monkeypatch):
+    mine, theirs = in_r1(acme), make_task(acme, region="r2")
+    for task in (mine, theirs):
+        advance(task.id, 1, State.OUTCOME_UNKNOWN, actor=Actor.worker("w"), trigger=Trigger.DISPATCH_UNKNOWN)
+    asked: list = []
+    monkeypatch.setattr(
+        reconcile, "reconcile_task", lambda task_id, actor: asked.append(task_id) or SimpleNamespace(moved=0)
+    )
+    reconcile.reconcile_unknown(region="r1")
+    assert asked == [mine.id]  # r2's task is r2's reconciler's, even while r1's runs on
 
 
 # --- the command ---------------------------------------------------------------------------------------
