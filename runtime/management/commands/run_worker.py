@@ -2,7 +2,7 @@
 
 Each round (``runtime.loop``):
 
-1. (with ``--sweep``) end overdue waits and expire late tasks of ``--region``, reconcile unknown outcomes,
+1. (with ``--sweep``) end overdue waits and expire late tasks of ``--region``, reconcile its unknown outcomes,
    and every ``ALERT_SCAN_INTERVAL`` seconds raise and clear alerts (``runtime.alerts``);
    advance a queued bulk operation (``runtime.bulk``);
 2. claim as many runnable tasks of ``--region`` as there are free slots
@@ -99,7 +99,7 @@ class Command(BaseCommand):
             if with_sweep:
                 # This loop polls: no doorbell needed. Only this worker's region: never another's tasks.
                 sweep.sweep(lambda task_id, task_region: None, region=region)
-                reconcile.reconcile_unknown()
+                reconcile.reconcile_unknown(region=region)
                 approvals.expire_pending()
                 if time.monotonic() >= alerts_due:  # beat's pace, not every round's
                     alerts.scan()
