@@ -181,8 +181,8 @@ class TaskDetail(TaskSummary):
         ]
 
     def get_compensations(self, task: Task) -> list[dict[str, Any]]:
-        """A canceled task's effects left done that its type can undo, each with its run once started
-        (``POST /api/tasks/{id}/compensate/``)."""
+        """A canceled task's effects left done that its type can undo, each with its newest run and
+        whether another may start (``POST /api/tasks/{id}/compensate/``)."""
         return [
             {
                 "action": offer.action.idempotency_key,
@@ -192,13 +192,15 @@ class TaskDetail(TaskSummary):
                 "compensation": offer.step,
                 "run": str(offer.run.id) if offer.run else None,
                 "run_state": offer.run.state if offer.run else None,
+                "undo_state": offer.undo,  # the newest compensating action's dispatch state
+                "may_start": offer.open,
             }
             for offer in compensation.offers(task)
         ]
 
     def get_compensates(self, task: Task) -> dict[str, str] | None:
         """For a compensation run: the canceled task and the action it undoes."""
-        action = compensation.undone_by(task)
+        action = task.compensates
         return None if action is None else {"task": str(action.task_id), "action": action.idempotency_key}
 
     def get_allowed_transitions(self, task: Task) -> list[dict[str, str]]:

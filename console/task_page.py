@@ -165,7 +165,8 @@ def _why(
     if stuck:
         return Why(**base, next=f"nothing: stuck — {_stuck_cause(task)}", stuck=True)
     if state in TERMINAL:
-        rerun = " An operator can rerun it as a new task." if state in services.RERUNNABLE else ""
+        rerunnable = state in services.RERUNNABLE and task.compensates_id is None
+        rerun = " An operator can rerun it as a new task." if rerunnable else ""
         if undoable:
             rerun += f" {undoable} effect(s) it left done can be undone below (Effects left done)."
         return Why(**base, next=f"nothing: the task ended ({state}).{rerun}")
@@ -562,7 +563,7 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
             initial={"expected_version": task.state_version, "answer": draft.get("answer", "")},
         )
     rerun_form = None
-    if operate and task.state in services.RERUNNABLE:
+    if operate and task.state in services.RERUNNABLE and task.compensates_id is None:
         initial = {"idempotency_key": f"console-rerun:{uuid4()}"}
         if draft.get("form") == "rerun":
             initial["reason"] = draft.get("reason", "")
@@ -578,7 +579,7 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
             entry=entry,
             stuck=stuck,
             unknown_effects=ledger.get("unknown", 0),
-            undoable=sum(offer.run is None for offer in offers),
+            undoable=sum(offer.open for offer in offers),
         ),
         "lease": lease,
         "ledger": ledger,
@@ -601,7 +602,7 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
             for n, offer in enumerate(offers)
         ],
         "may_compensate": operate,
-        "compensates": compensation.undone_by(task) if task.rerun_of_id else None,
+        "compensates": task.compensates,
         "parent": Task.objects.filter(pk=task.parent_id).values("id", "state", "task_type").first()
         if task.parent_id
         else None,
@@ -769,10 +770,7 @@ def task_compensate(request: HttpRequest, task_id: UUID) -> HttpResponse:
         return redirect("console:task", task_id=task.id)
     try:
         run, created = compensation.start(
-            task,
-            form.cleaned_data["action"],
-            actor=Actor.user(request.user, ActorKind.OPERATOR),
-            reason=form.cleaned_data["reason"],
+            task, form.cleaned_data["action"], user=request.user, reason=form.cleaned_data["reason"]
         )
     except (compensation.NotCompensable, services.InvalidTaskInput) as exc:
         messages.error(request, f"Nothing was started: {exc}")

@@ -85,14 +85,22 @@ def decide(
             reason_code="deployment_changed",
             reason=f"checkpoint written by {written_by}, resuming on {settings.DEPLOYMENT_ID}",
         )
-    if compensation.FACT_STEP in progress.facts:
-        ended = _compensation_run(task, kind, progress)
+    undoing = Action.objects.filter(pk=task.compensates_id).first() if task.compensates_id else None
+    if undoing is not None:
+        ended = _compensation_run(task, kind, progress, undoing)
         if ended is not None:
             return ended
     step = kind.step(checkpoint.step)
     if step is None:
         return quarantine(progress, "unknown_step", f"step {checkpoint.step!r} is not part of {kind.name}")
-    return _run_step(task, kind, step, progress, model=model, now=now, lease=lease, cancels=cancels)
+    verdict = _run_step(task, kind, step, progress, model=model, now=now, lease=lease, cancels=cancels)
+    if undoing is not None and verdict is not None and verdict.reason_code in RUN_REFUSALS:
+        # A compensation run ends the same way however its one call was refused.
+        refused = RUN_REFUSALS[verdict.reason_code]
+        return dataclasses.replace(
+            verdict, reason_code=refused, changes={"outcome": _run_refused(refused, undoing)}
+        )
+    return verdict
 
 
 def _migration(checkpoint: Checkpoint) -> str:
@@ -307,7 +315,11 @@ def _dispatch(
                 reason=why,
                 reason_code=f"approval_{verdict}",
             )
-    compensated = compensation.undone_action(task, step, facts) if step.compensates else None
+    compensated = None
+    if step.compensates and task.compensates_id:  # a compensation run: its canceled task's action
+        compensated = Action.objects.filter(pk=task.compensates_id).first()
+    elif step.compensates:
+        compensated = Action.objects.filter(task=task, step=step.compensates).order_by("-id").first()
     intent = ActionIntent(
         step=step.name,
         connector=step.connector,
@@ -537,11 +549,7 @@ def _confirm_cancel(task: Task, kind: registry.TaskType, progress: Progress) -> 
     undone = {
         a.compensation_of_id for a in actions if a.compensation_of_id and a.dispatch_state in SETTLED_OK
     }
-    offers = {
-        step.compensates: step.name
-        for step in kind.steps
-        if isinstance(step, registry.Dispatch) and step.compensates
-    }
+    offers = compensation.undo_steps(kind.name)
     not_undone = [
         {
             "action": a.idempotency_key,
@@ -587,24 +595,36 @@ def _confirm_cancel(task: Task, kind: registry.TaskType, progress: Progress) -> 
     )
 
 
-def _compensation_run(task: Task, kind: registry.TaskType, progress: Progress) -> Decision | None:
+# How a compensation run's one call can be refused, whichever way the type's steps go on from there.
+RUN_REFUSALS = {
+    "effect_rejected": "compensation_rejected",
+    "tool_call_canceled": "compensation_canceled",
+}
+
+
+def _run_refused(code: str, undoing: Action) -> dict[str, Any]:
+    return {"reason": code, "compensated": None, "undoes": undoing.idempotency_key}
+
+
+def _compensation_run(
+    task: Task, kind: registry.TaskType, progress: Progress, undoing: Action
+) -> Decision | None:
     """A compensation run (``tasks.compensation``) does its one step, then ends; None: run that step.
 
     It ends ``completed`` once its effect settled, ``failed`` when the system or an
-    approver refused it. Wherever else the type's steps lead it (an approval's
-    ``next``), it goes back to the compensating step.
+    approver refused it or its call was canceled. Wherever else the type's steps lead
+    it (an approval's ``next``), it goes back to the compensating step.
     """
-    name = str(progress.facts[compensation.FACT_STEP])
-    undoes = progress.facts.get(compensation.FACT_ACTION)
+    name = compensation.undo_steps(kind.name).get(undoing.step, "")
     step = kind.step(name)
     if not isinstance(step, registry.Dispatch):
         return quarantine(
-            progress, "unknown_step", f"compensating step {name!r} is not a dispatch of {kind.name}"
+            progress, "compensation_step_missing", f"{kind.name} no longer undoes {undoing.step}"
         )
     done = next((call for call in progress.tool_calls if call.step == name), None)
     if done is not None:
         outcome = {
-            "compensated": undoes,
+            "compensated": undoing.idempotency_key,
             "by": done.idempotency_key,
             "external_ref": progress.facts.get(step.output),
         }
@@ -612,12 +632,16 @@ def _compensation_run(task: Task, kind: registry.TaskType, progress: Progress) -
             State.COMPLETED,
             Trigger.COMPLETE,
             progress,
-            reason=f"{name} undid {undoes}",
+            reason=f"{name} undid {undoing.idempotency_key}",
             reason_code="compensated",
             changes={"outcome": outcome},
         )
-    refused = "compensation_rejected" if progress.facts.get(f"{name}_rejected") else ""
-    if not refused and step.approval and progress.step not in (name, step.approval):
+    refused = ""
+    if progress.facts.get(f"{name}_rejected"):
+        refused = RUN_REFUSALS["effect_rejected"]
+    elif progress.facts.get(f"{name}_canceled"):
+        refused = RUN_REFUSALS["tool_call_canceled"]
+    elif step.approval and progress.step not in (name, step.approval):
         request = approvals.latest_request(task, step.approval)
         refused = "compensation_not_approved" if request and request.status == ApprovalStatus.REJECTED else ""
     if refused:
@@ -625,9 +649,9 @@ def _compensation_run(task: Task, kind: registry.TaskType, progress: Progress) -
             State.FAILED,
             Trigger.FAIL,
             progress,
-            reason=f"{name} could not undo {undoes}",
+            reason=f"{name} did not undo {undoing.idempotency_key}",
             reason_code=refused,
-            changes={"outcome": {"reason": refused, "compensated": None, "undoes": undoes}},
+            changes={"outcome": _run_refused(refused, undoing)},
         )
     if progress.step in (name, step.approval):
         return None

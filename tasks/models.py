@@ -12,7 +12,7 @@ from django.db import models
 from django.db.models import F, Q
 
 from tasks.ids import uuid7
-from tasks.states import RUNNABLE, WAITING, State
+from tasks.states import ENDED_UNDONE, RUNNABLE, WAITING, State
 
 
 class Task(models.Model):
@@ -37,6 +37,11 @@ class Task(models.Model):
     # task is never rewritten; its reruns are found through this column's FK index.
     rerun_of = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="reruns"
+    )
+    # For a compensation run (tasks.compensation): the action of its canceled ``rerun_of`` task that
+    # it undoes. One run at a time per action, and none once one completed (the constraint below).
+    compensates = models.ForeignKey(
+        "ledger.Action", null=True, blank=True, on_delete=models.PROTECT, related_name="compensation_runs"
     )
 
     state = models.CharField(max_length=24, choices=State.choices, default=State.READY)
@@ -79,6 +84,13 @@ class Task(models.Model):
                 fields=["tenant", "idempotency_key"],
                 condition=Q(idempotency_key__isnull=False),
                 name="task_unique_idempotency_key",
+            ),
+            # A second compensation of the same effect may start only once every earlier run ended
+            # without completing (failed, canceled, expired): a double click or a race starts one.
+            models.UniqueConstraint(
+                fields=["compensates"],
+                condition=Q(compensates__isnull=False) & ~Q(state__in=sorted(ENDED_UNDONE)),
+                name="task_one_compensation_run",
             ),
             models.CheckConstraint(condition=Q(state__in=State.values), name="task_state_known"),
             models.CheckConstraint(condition=Q(state_version__gte=1), name="task_version_positive"),

@@ -35,7 +35,7 @@ from tasks.checkpoints import Scalar
 from tasks.exceptions import StaleVersion, TransitionError, TransitionNotAllowed
 from tasks.leases import Held
 from tasks.models import Checkpoint, ExternalEvent, Policy, RuntimeConfig, Task, TaskInput
-from tasks.states import RUNNABLE, TERMINAL, State, Trigger
+from tasks.states import ENDED_UNDONE, RUNNABLE, TERMINAL, State, Trigger
 from tasks.transitions import Actor, advance, task_start
 from tenancy.models import Tenant
 
@@ -86,13 +86,15 @@ def task_create(
     nested: bool = False,
     first_step: str = "",
     facts: dict[str, Scalar] | None = None,
+    compensates: Any = None,
 ) -> tuple[Task, bool]:
     """Start a task, or return the one started before with the same key.
 
     ``reason`` is the creation event's (default: the objective's head).
-    ``first_step`` and ``facts``: where the task starts and what it knows there
-    (a compensation run, ``tasks.compensation``); by default the type's first
-    step and the facts of its input.
+    ``first_step``, ``facts`` and ``compensates`` (a ``ledger.Action``): a
+    compensation run (``tasks.compensation``), where it starts, what it knows
+    there and what it undoes; by default the type's first step and the facts
+    of its input.
     ``nested``: inside the caller's transaction (a parent starting children);
     the doorbell rings once that commits.
     Returns ``(task, created)``. Raises ``InvalidTaskInput`` (field errors)
@@ -133,6 +135,7 @@ def task_create(
         request_digest=digest,
         parent=parent,
         rerun_of=rerun_of,
+        compensates=compensates,
         region=region or settings.WORKER_REGION,
         policy_version=policy or settings.DEFAULT_POLICY_VERSION,
         model_id=config.model_id if config else kind.model_id,
@@ -163,7 +166,7 @@ def task_create(
 
 
 # Ended tasks an operator may run again as a new task; a completed one is done, not rerun.
-RERUNNABLE = frozenset({State.FAILED, State.EXPIRED, State.CANCELED})
+RERUNNABLE = ENDED_UNDONE
 
 
 def task_rerun(
@@ -191,6 +194,12 @@ def task_rerun(
     if task.state not in RERUNNABLE:
         raise TransitionNotAllowed(
             f"only a failed, expired or canceled task can be rerun; this one is {task.state}",
+            state=task.state,
+            state_version=task.state_version,
+        )
+    if task.compensates_id is not None:  # run again as a whole, it would redo what it was to undo
+        raise TransitionNotAllowed(
+            f"a compensation run is not rerun: try again from task {task.rerun_of_id}'s effects left done",
             state=task.state,
             state_version=task.state_version,
         )

@@ -31,6 +31,8 @@ class State(models.TextChoices):
 
 
 TERMINAL = frozenset({State.COMPLETED, State.FAILED, State.CANCELED, State.EXPIRED})
+# Ended without completing: what a rerun may run again, and a compensation run may be tried again from.
+ENDED_UNDONE = frozenset({State.FAILED, State.EXPIRED, State.CANCELED})
 WAITING = frozenset(
     {
         State.WAITING_INPUT,

@@ -367,7 +367,7 @@ class TaskCompensateApi(APIView):
         operation_id="tasks_compensate",
         request=CompensateInput,
         responses={
-            200: OpenApiResponse(TaskDetail, description="That effect's compensation run, started before"),
+            200: OpenApiResponse(TaskDetail, description="That effect's run under way or completed"),
             201: OpenApiResponse(TaskDetail, description="The compensation run, a new task"),
             400: OpenApiResponse(
                 description="Field errors (also: the old input or checkpoint cannot be read)"
@@ -375,7 +375,8 @@ class TaskCompensateApi(APIView):
             403: OpenApiResponse(description="Needs the operator or admin role in the task's tenant"),
             404: OpenApiResponse(),
             409: OpenApiResponse(
-                description="not_compensable: the task is not canceled, or the effect is not offered"
+                description="not_compensable: the task is not canceled, the effect is not offered, "
+                "or its undo is done or in doubt"
             ),
         },
     )
@@ -389,10 +390,7 @@ class TaskCompensateApi(APIView):
         body.is_valid(raise_exception=True)
         try:
             run, created = compensation.start(
-                task,
-                body.validated_data["action"],
-                actor=Actor.user(request.user, ActorKind.OPERATOR),
-                reason=body.validated_data["reason"],
+                task, body.validated_data["action"], user=request.user, reason=body.validated_data["reason"]
             )
         except services.InvalidTaskInput as exc:
             raise ValidationError(exc.errors) from None

@@ -69,6 +69,7 @@ GUARDED = TaskType(
             output="unbooked_ref",
             compensates="book",
             approval="approve_undo",
+            on_rejected="kept",
             effect=lambda f: {"kind": "booking.cancel", "booking": f["booking_ref"]},
         ),
         Fail("kept", reason="undo_declined"),

@@ -8,17 +8,21 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import IntegrityError
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
-from approvals.services import approval_decide
+from approvals.services import ApprovalRefused, approval_decide
 from demo.sandbox.models import Effect, Fault
 from ledger.models import Action, DispatchState
 from runtime import controls
-from tasks import compensation, retention
+from tasks import compensation, registry, retention, services
+from tasks.exceptions import TransitionNotAllowed
 from tasks.models import Task
 from tasks.states import State
 from tasks.transitions import Actor
+from tenancy.models import Role
+from tenancy.services import grant_role
 from tests.api.conftest import post_json, url
 from tests.conftest import make_task
 from tests.lifecycle.booking import BOOKING, GUARDED, booking_types, canceled_booking, sandbox
@@ -35,7 +39,7 @@ def _world(sandbox, booking_types):
 
 def undo(task: Task, operator, reason: str = "refund the room") -> tuple[Task, bool]:
     key = task.outcome["effects_not_undone"][0]["action"]
-    return compensation.start(task, key, actor=Actor.user(operator, "operator"), reason=reason)
+    return compensation.start(task, key, user=operator, reason=reason)
 
 
 def test_the_cancel_report_offers_the_undo_step_and_taking_it_sends_a_new_linked_action(acme, operator):
@@ -51,7 +55,17 @@ def test_the_cancel_report_offers_the_undo_step_and_taking_it_sends_a_new_linked
     again, created_again = undo(task, operator, reason="clicked twice")
     assert created and not created_again and again.pk == run_task.pk  # one run per undone effect
     assert (run_task.rerun_of_id, run_task.task_type, run_task.tenant_id) == (task.pk, BOOKING.name, acme.pk)
-    assert compensation.undone_by(run_task) == booked
+    assert run_task.compensates == booked and run_task.owner == operator  # owned by the one who asked
+    # The database holds it too: a second live run of the same action cannot be inserted.
+    with pytest.raises(IntegrityError):
+        services.task_create(
+            tenant=acme,
+            task_type=BOOKING.name,
+            objective="a racing second run",
+            input={"city": "Oslo"},
+            actor=Actor.system("tests"),
+            compensates=booked,
+        )
 
     run_task = run(run_task)
     assert (run_task.state, run_task.state_reason) == (State.COMPLETED, "compensated")
@@ -70,6 +84,8 @@ def test_the_cancel_report_offers_the_undo_step_and_taking_it_sends_a_new_linked
     assert Task.objects.get(pk=task.pk).state_version == version  # the canceled task was never written
     [offer] = compensation.offers(task)
     assert offer.run.pk == run_task.pk and offer.run.state == State.COMPLETED
+    assert (offer.undo, offer.open) == (DispatchState.SUCCEEDED, False)
+    assert undo(task, operator) == (run_task, False)  # undone once: asking again returns that run
 
 
 def test_an_effect_settled_by_reconciliation_during_the_cancel_is_undone_with_its_reference(acme, operator):
@@ -99,26 +115,61 @@ def test_an_effect_settled_by_reconciliation_during_the_cancel_is_undone_with_it
     )  # never a fact of the canceled task: from the ledger
 
 
-def test_a_refused_compensation_fails_the_run_and_leaves_the_offer_showing_it(acme, operator):
+def test_a_refused_compensation_fails_the_run_and_another_try_can_start(acme, operator):
     task = canceled_booking(acme, operator)
     Fault.objects.create(system="tickets", operation="dispatch", kind="reject")
-    run_task = run(undo(task, operator)[0])
-    assert (run_task.state, run_task.state_reason) == (State.FAILED, "effect_rejected")
-    assert Action.objects.get(task=run_task).dispatch_state == DispatchState.FAILED
+    first = run(undo(task, operator)[0])
+    assert (first.state, first.state_reason) == (State.FAILED, "compensation_rejected")
+    assert first.outcome["undoes"] == Action.objects.get(task=task).idempotency_key
+    assert Action.objects.get(task=first).dispatch_state == DispatchState.FAILED
     [offer] = compensation.offers(task)
-    assert offer.run.state == State.FAILED  # asking again returns this run: a new try is a rerun of it
-    assert undo(task, operator)[1] is False
+    assert (offer.run, offer.undo, offer.open) == (first, DispatchState.FAILED, True)
+
+    # A compensation run is never rerun whole (that would book again): the next try is a new run.
+    with pytest.raises(TransitionNotAllowed, match="not rerun"):
+        services.task_rerun(first, actor=Actor.system("tests"), reason="again")
+    second, created = undo(task, operator, reason="the ticket system is back")
+    assert created and second.pk != first.pk
+    assert run(second).state == State.COMPLETED
+    assert Effect.objects.filter(system="tickets").count() == 1  # the refused try performed nothing
+    assert Effect.objects.filter(system="payments").count() == 1  # and nothing was booked again
+
+
+@pytest.mark.parametrize("refusal", ["reject", "cancel"])
+def test_a_run_whose_call_is_refused_or_canceled_ends_failed_even_where_the_step_goes_on(
+    acme, operator, approver, refusal
+):
+    # GUARDED's unbook goes on to "kept" when refused: the run must end there, not try again.
+    task = canceled_booking(acme, operator, kind=GUARDED)
+    run_task, _ = undo(task, operator)
+    request = ApprovalRequest.objects.get(task=run(run_task))
+    approval_decide(request, user=approver, decision="approve", digest_seen=request.digest)
+    if refusal == "reject":
+        Fault.objects.create(system="tickets", operation="dispatch", kind="reject")
+    else:
+        controls.task_control(
+            Task.objects.get(pk=run_task.pk),
+            "cancel",
+            user=operator,
+            roles=frozenset({"operator"}),
+            expected_version=Task.objects.get(pk=run_task.pk).state_version,
+            reason="not now",
+            scope="tool_call",
+        )
+    run_task = run(Task.objects.get(pk=run_task.pk))
+    expected = "compensation_rejected" if refusal == "reject" else "compensation_canceled"
+    assert (run_task.state, run_task.state_reason) == (State.FAILED, expected)
+    assert Effect.objects.filter(system="tickets", status="succeeded").count() == 0
 
 
 def test_only_a_canceled_tasks_offered_effects_can_be_undone(acme, operator):
     live = run(make_task(acme, task_type=BOOKING.name, objective="Book Oslo", input={"city": "Oslo"}))
     booked = Action.objects.get(task=live)
-    actor = Actor.user(operator, "operator")
     with pytest.raises(compensation.NotCompensable, match="only a canceled task"):
-        compensation.start(live, booked.idempotency_key, actor=actor, reason="too early")
+        compensation.start(live, booked.idempotency_key, user=operator, reason="too early")
     task = canceled_booking(acme, operator)
     with pytest.raises(compensation.NotCompensable, match="has no side effect"):
-        compensation.start(task, booked.idempotency_key, actor=actor, reason="another task's effect")
+        compensation.start(task, booked.idempotency_key, user=operator, reason="another task's effect")
     assert not Task.objects.filter(rerun_of__isnull=False).exists()
 
 
@@ -157,6 +208,8 @@ def test_the_api_lists_the_offer_starts_one_run_and_links_both_ways(acme, operat
         "compensation": "unbook",
         "run": None,
         "run_state": None,
+        "undo_state": None,
+        "may_start": True,
     }
     body = {"action": booked.idempotency_key, "reason": "refund the room"}
     started = post_json(client, url(task, "compensate"), body)
@@ -165,7 +218,8 @@ def test_the_api_lists_the_offer_starts_one_run_and_links_both_ways(acme, operat
     assert again.status_code == 200 and again.json()["id"] == started.json()["id"]
     assert started.json()["compensates"] == {"task": str(task.id), "action": booked.idempotency_key}
     assert started.json()["rerun_of"] == str(task.id)
-    assert client.get(url(task)).json()["compensations"][0]["run"] == started.json()["id"]
+    [offer] = client.get(url(task)).json()["compensations"]
+    assert (offer["run"], offer["run_state"], offer["may_start"]) == (started.json()["id"], "ready", False)
     assert client.get(url(task)).json()["reruns"] == []  # a compensation run is not a rerun
 
 
@@ -198,3 +252,25 @@ def test_retention_keeps_a_canceled_task_while_its_run_stays_and_deletes_them_to
     assert retention.delete_tasks([task.id, run_task.id], rules, later) == 2
     assert not Task.objects.filter(pk__in=[task.id, run_task.id]).exists()
     assert not Action.objects.filter(task_id__in=[task.id, run_task.id]).exists()
+
+
+def test_the_one_who_asks_for_a_compensation_cannot_approve_it(acme, operator):
+    grant_role(operator, acme, Role.APPROVER)  # one person may hold both roles
+    task = canceled_booking(acme, operator, kind=GUARDED)
+    run_task = run(undo(task, operator)[0])
+    request = ApprovalRequest.objects.get(task=run_task)
+    with pytest.raises(ApprovalRefused):
+        approval_decide(request, user=operator, decision="approve", digest_seen=request.digest)
+    assert Task.objects.get(pk=run_task.pk).state == State.WAITING_APPROVAL
+
+
+def test_a_canceled_task_of_a_retired_type_still_shows_and_offers_nothing(acme, operator, client):
+    task = canceled_booking(acme, operator)
+    registry._REGISTRY.pop(BOOKING.name)
+    try:
+        assert compensation.offers(task) == []
+        client.force_login(operator)
+        assert client.get(url(task)).json()["compensations"] == []
+        assert client.get(f"/console/tasks/{task.id}/").status_code == 200
+    finally:
+        registry.register(BOOKING)
