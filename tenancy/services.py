@@ -192,8 +192,9 @@ def parse_scopes(text: str | Iterable[str]) -> list[str]:
 
 def _draw_key() -> str:
     """A fresh URL-safe key that does not start with ``-``, so its prefix is never read as an option."""
-    while (key := secrets.token_urlsafe(TOKEN_BYTES)).startswith("-"):
-        pass
+    key = secrets.token_urlsafe(TOKEN_BYTES)
+    while key.startswith("-"):
+        key = secrets.token_urlsafe(TOKEN_BYTES)
     return key
 
 

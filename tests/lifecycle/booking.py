@@ -94,10 +94,13 @@ def booking_types():
         registry._REGISTRY.pop(kind.name)  # a test's throwaway types
 
 
-def canceled_booking(tenant, operator, kind: TaskType = BOOKING) -> Task:
-    """A booking made, then the task canceled while it waited: the booking stays done."""
+def canceled_booking(
+    tenant, operator, kind: TaskType = BOOKING, stops_at: State = State.WAITING_INPUT
+) -> Task:
+    """A booking made, then the task canceled where it stopped (by default waiting for its question;
+    ``outcome_unknown`` when the booking's answer never came): the booking stays done."""
     task = run(make_task(tenant, task_type=kind.name, objective="Book Oslo", input={"city": "Oslo"}))
-    assert task.state == State.WAITING_INPUT
+    assert task.state == stops_at
     controls.task_control(
         task,
         "cancel",

@@ -91,18 +91,7 @@ def test_the_cancel_report_offers_the_undo_step_and_taking_it_sends_a_new_linked
 def test_an_effect_settled_by_reconciliation_during_the_cancel_is_undone_with_its_reference(acme, operator):
     # The booking is made but its answer never comes: in doubt when the cancel arrives.
     Fault.objects.create(system="payments", operation="dispatch", kind="timeout", params={"seconds": 1.5})
-    task = run(make_task(acme, task_type=BOOKING.name, objective="Book Oslo", input={"city": "Oslo"}))
-    assert task.state == State.OUTCOME_UNKNOWN
-    controls.task_control(
-        task,
-        "cancel",
-        user=operator,
-        roles=frozenset({"operator"}),
-        expected_version=task.state_version,
-        reason="trip called off",
-    )
-    task = run(Task.objects.get(pk=task.pk))
-    assert task.state == State.CANCELED
+    task = canceled_booking(acme, operator, stops_at=State.OUTCOME_UNKNOWN)
     booked = Action.objects.get(task=task)
     assert booked.dispatch_state == DispatchState.RECONCILED_SUCCEEDED and booked.external_ref
 
