@@ -141,9 +141,10 @@ def verify(request: HttpRequest, code: str) -> Outcome:
     with transaction.atomic():
         # Locked: two requests with one code (a recovery code, or a TOTP step) cannot both pass.
         devices = list(model.objects.select_for_update().filter(user_id=user.pk, confirmed=True))
-        device = next((d for d in devices if code and d.verify_token(code)), None)
-    if device is None:
+        # Read before trying: a device still waiting after earlier wrong codes takes none.
         waiting = next((m for m in map(_wait_message, devices) if m), "")
+        device = None if waiting else next((d for d in devices if code and d.verify_token(code)), None)
+    if device is None:
         return _refuse(
             request,
             user,
@@ -173,7 +174,8 @@ def enroll(request: HttpRequest, device: TOTPDevice, code: str) -> tuple[Outcome
         return Outcome(False, "Too many failed attempts.", locked_out=True), []
     with transaction.atomic():
         device = TOTPDevice.objects.select_for_update().get(pk=device.pk, user_id=user.pk)
-        if device.confirmed or not device.verify_token(_normal(code)):
+        waiting = _wait_message(device)  # before trying, as in ``verify``
+        if waiting or device.confirmed or not device.verify_token(_normal(code)):
             passed = False
         else:
             passed = True
@@ -181,7 +183,6 @@ def enroll(request: HttpRequest, device: TOTPDevice, code: str) -> tuple[Outcome
             device.save(update_fields=["confirmed"])
             codes = _issue_recovery_codes(user)
     if not passed:
-        waiting = _wait_message(device)
         return _refuse(
             request,
             user,
