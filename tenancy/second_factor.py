@@ -93,6 +93,18 @@ def _credentials(user: Any) -> dict[str, str]:
     return {"username": user.get_username()}
 
 
+def _locked(request: HttpRequest, user: Any) -> Outcome | None:
+    """While the username and address are locked out no code is tried: the session ends."""
+    credentials = _credentials(user)
+    if not AxesProxyHandler.is_locked(request, credentials):
+        return None
+    logout(request)
+    # AxesMiddleware's flags: it answers with the lockout page, naming the account.
+    request.axes_locked_out = True  # type: ignore[attr-defined]
+    request.axes_credentials = credentials  # type: ignore[attr-defined]
+    return Outcome(False, "Too many failed attempts.", locked_out=True)
+
+
 def _refuse(request: HttpRequest, user: Any, *, detail: str, message: str) -> Outcome:
     """Record a refused code and count it toward the lockout; end the session if it locked."""
     record_access(Kind.SECOND_FACTOR_FAILED, user=user, request=request, detail=detail)
@@ -130,10 +142,8 @@ def verify(request: HttpRequest, code: str) -> Outcome:
     A recovery code is deleted as it is accepted (``recovery_code_used``, with how many remain).
     """
     user = request.user
-    if AxesProxyHandler.is_locked(request, _credentials(user)):
-        logout(request)
-        request.axes_locked_out = True  # type: ignore[attr-defined]  # AxesMiddleware's flag
-        return Outcome(False, "Too many failed attempts.", locked_out=True)
+    if locked := _locked(request, user):
+        return locked
     code = _normal(code)
     recovery = not code.isdigit()
     model: type[TOTPDevice] | type[StaticDevice] = StaticDevice if recovery else TOTPDevice
@@ -168,10 +178,8 @@ def enroll(request: HttpRequest, device: TOTPDevice, code: str) -> tuple[Outcome
     Refused like ``verify``: a wrong code, the device waiting, a locked-out account.
     """
     user = request.user
-    if AxesProxyHandler.is_locked(request, _credentials(user)):
-        logout(request)
-        request.axes_locked_out = True  # type: ignore[attr-defined]
-        return Outcome(False, "Too many failed attempts.", locked_out=True), []
+    if locked := _locked(request, user):
+        return locked, []
     with transaction.atomic():
         device = TOTPDevice.objects.select_for_update().get(pk=device.pk, user_id=user.pk)
         waiting = _wait_message(device)  # before trying, as in ``verify``

@@ -5,15 +5,18 @@ and the password validators."""
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.test import Client
+from django.utils import timezone
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from tenancy.models import AccessEvent, Role
+from tenancy.services import grant_role, token_create
 from tests.conftest import make_task, make_user
 from tests.console.test_approvals import ask
 from tests.second_factor import CODE_PAGE, ENROLL_PAGE, LOGIN, code_for, device_for, key_of, totp_code
@@ -233,3 +236,32 @@ def test_common_and_numeric_passwords_are_refused(candidate, code, operator):
     with pytest.raises(ValidationError) as refused:
         validate_password(candidate, operator)
     assert code in [error.code for error in refused.value.error_list]
+
+
+def test_an_operator_made_approver_while_signed_in_is_asked_at_the_next_request(acme, operator):
+    client = Client()
+    assert landed(password(client, "acme-operator")) == "/console/"
+    grant_role(operator, acme, Role.APPROVER)
+    response = client.get("/console/")
+    assert response.status_code == 302 and response["Location"].startswith(CODE_PAGE)
+
+
+def test_a_token_is_not_a_session_and_is_not_asked_for_a_code(approver):
+    device_for(approver)
+    session = Client()
+    password(session, "acme-approver")
+    assert session.get("/api/tasks/").status_code == 403
+    _, key = token_create(approver, scopes=["read"], expires_at=timezone.now() + timedelta(hours=1))
+    assert Client(HTTP_AUTHORIZATION=f"Token {key}").get("/api/tasks/").status_code == 200
+
+
+def test_a_locked_out_session_on_the_code_page_is_signed_out_whatever_code_it_sends(approver):
+    device = device_for(approver)
+    client = Client()
+    password(client, "acme-approver")
+    for _ in range(5):  # five wrong passwords from elsewhere in the same address lock the pair
+        Client().post(LOGIN, {"username": "acme-approver", "password": "guess"}, REMOTE_ADDR="10.0.0.1")
+    response = give_code(client, code_for(device))
+    assert response.status_code == 429 and b"acme-approver" in response.content
+    assert "_auth_user_id" not in client.session
+    assert not events(approver, Kind.SECOND_FACTOR_PASSED)
