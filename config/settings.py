@@ -52,6 +52,10 @@ INSTALLED_APPS = [
     "django_htmx",
     "axes",  # login throttling and lockout (AXES_* below)
     "csp",  # Content-Security-Policy (CONTENT_SECURITY_POLICY below)
+    # The second factor of approvers and admins: TOTP devices and recovery codes (OTP_* below).
+    "django_otp",
+    "django_otp.plugins.otp_totp",
+    "django_otp.plugins.otp_static",
     # Layers, lowest first (the contract in pyproject.toml, checked by import-linter):
     "tenancy",
     "audit",
@@ -83,6 +87,9 @@ MIDDLEWARE = [
     # response to a signed-in user no-store (config/middleware.py).
     "config.middleware.SessionTimeoutMiddleware",
     "config.middleware.NoStoreForUsersMiddleware",
+    # After the session limits: a session of an approver or admin opens nothing but the second-factor
+    # pages until it has given its code (tenancy/second_factor.py; it reads the session's device).
+    "tenancy.second_factor.SecondFactorMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     # Last: turns a lockout flagged during authentication into the lockout page (AXES_LOCKOUT_TEMPLATE).
     "axes.middleware.AxesMiddleware",
@@ -127,6 +134,8 @@ ANONYMOUS_USER_NAME = None  # guardian: no anonymous user row; anonymous callers
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "console:landing"  # approvers land on their inbox, others on the queue
@@ -143,6 +152,13 @@ AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"  # answered with 429
 AXES_DISABLE_ACCESS_LOG = True  # logins are recorded once, in tenancy's access log
 # The client address is REMOTE_ADDR: a forwarded-for header is the client's to forge.
 AXES_IPWARE_META_PRECEDENCE_ORDER = ["REMOTE_ADDR"]
+
+# The second factor (django-otp, tenancy/second_factor.py). A wrong code counts toward the lockout
+# above; each device also waits 1, 2, 4, 8... seconds after consecutive wrong codes, kept in the
+# database (so a new password login does not reset it). The issuer names the account in the app.
+OTP_TOTP_ISSUER = env.str("OTP_TOTP_ISSUER", default="Durable agents")
+OTP_TOTP_THROTTLE_FACTOR = 1
+OTP_STATIC_THROTTLE_FACTOR = 1
 
 # The cache holds API throttle counters, which must be shared by every web process: set CACHE_URL
 # to Redis (redis://host:6379/1) or the database (dbcache://django_cache, after

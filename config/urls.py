@@ -6,12 +6,16 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
 from config import metrics
+from console import second_factor
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/console/", permanent=False)),
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # After the password, approvers and admins give a code (tenancy/second_factor.py).
+    path("accounts/second-factor/", second_factor.code, name="second-factor"),
+    path("accounts/second-factor/enroll/", second_factor.enroll, name="second-factor-enroll"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/", include("api.urls")),
     path("console/", include("console.urls")),

@@ -67,8 +67,9 @@ class SavedView(models.Model):
 class AccessEvent(models.Model):
     """Who did what to access or authority, outside any task's transition chain.
 
-    Logins and failed logins, logouts, refused requests (403), role grants and
-    revocations, token creation and revocation, and reveals of sensitive fields.
+    Logins and failed logins, logouts, the second factor (passed, failed, enrolled, a
+    recovery code used), refused requests (403), role grants and revocations, token
+    creation and revocation, and reveals of sensitive fields.
     Append-only; auditors read it in the console and the API.
     """
 
@@ -77,6 +78,11 @@ class AccessEvent(models.Model):
         LOGIN_FAILED = "login_failed"
         LOGOUT = "logout"
         LOCKED_OUT = "locked_out"
+        # The second factor approvers and admins give after the password (tenancy.second_factor).
+        SECOND_FACTOR_PASSED = "second_factor_passed"
+        SECOND_FACTOR_FAILED = "second_factor_failed"
+        SECOND_FACTOR_ENROLLED = "second_factor_enrolled"
+        RECOVERY_CODE_USED = "recovery_code_used"
         FORBIDDEN = "forbidden"
         ROLE_GRANTED = "role_granted"
         ROLE_REVOKED = "role_revoked"

@@ -11,6 +11,7 @@ import os
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
+from django.test import Client
 from rest_framework.test import APIClient
 
 from config.celery import app as celery_app
@@ -19,6 +20,7 @@ from tasks.services import task_create
 from tasks.transitions import Actor
 from tenancy.models import Role, Tenant
 from tenancy.services import grant_role
+from tests.second_factor import mark_verified
 
 # In-process tests ring the doorbell into memory; tests that need real workers start them.
 celery_app.conf.broker_url = "memory://"
@@ -86,6 +88,19 @@ def browser_type_launch_args(browser_type_launch_args):
 @pytest.fixture(autouse=True)
 def fast_password_hashing(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def force_login_gives_the_second_factor(monkeypatch):
+    """``client.force_login`` skips the password; it skips the second factor too, so tests that are
+    not about logging in need not know about it (those that are log in through the forms)."""
+    original = Client.force_login
+
+    def force_login(self: Client, user, backend=None) -> None:
+        original(self, user, backend)
+        mark_verified(self, user)
+
+    monkeypatch.setattr(Client, "force_login", force_login)
 
 
 @pytest.fixture(autouse=True)

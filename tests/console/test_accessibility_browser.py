@@ -18,6 +18,7 @@ from tasks.states import State
 from tasks.transitions import Actor, advance
 from tenancy.models import Role
 from tests.conftest import make_task, make_user
+from tests.second_factor import browser_log_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -49,10 +50,7 @@ def console_pages(acme, owner) -> dict[str, str]:
 
 
 def log_in(page: Page, base: str, username: str) -> None:
-    page.goto(f"{base}/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill("pw")
-    page.get_by_role("button", name="Log in").click()
+    browser_log_in(page, base, username)  # with the second factor when asked
     expect(page.locator("main h1")).to_be_visible()
 
 

@@ -21,6 +21,7 @@ from tasks.transitions import Actor, advance
 from tenancy.models import Role
 from tenancy.services import role_group
 from tests.conftest import make_task, make_user
+from tests.second_factor import sign_in
 
 pytestmark = pytest.mark.django_db
 WORKER = Actor.worker("tests")
@@ -101,10 +102,7 @@ def many_pending(tenant, count: int, *, hours: int = 5) -> list[ApprovalRequest]
 
 
 def login_lands_on(user) -> str:
-    client = Client()
-    response = client.post(
-        "/accounts/login/", {"username": user.get_username(), "password": "pw"}, follow=True
-    )
+    response = sign_in(Client(), user)  # the password, and the code when asked (approvers)
     return response.request["PATH_INFO"]
 
 

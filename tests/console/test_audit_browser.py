@@ -14,15 +14,13 @@ from audit.keys import chain_keys
 from tasks.states import State
 from tasks.transitions import Actor, advance
 from tests.conftest import make_task, progress
+from tests.second_factor import browser_log_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def log_in(page: Page, base: str, username: str) -> None:
-    page.goto(f"{base}/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill("pw")
-    page.get_by_role("button", name="Log in").click()
+    browser_log_in(page, base, username)  # with the second factor when asked
     expect(page).to_have_url(f"{base}/console/")
 
 

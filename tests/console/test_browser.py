@@ -15,6 +15,7 @@ from tasks.models import Task
 from tasks.states import State, Trigger
 from tasks.transitions import Actor, advance
 from tests.conftest import make_task
+from tests.second_factor import browser_log_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,11 +48,9 @@ def waiting_for_approval(tenant, owner) -> Task:
 
 
 def log_in(page: Page, base: str, username: str, lands_on: str = "/console/") -> None:
-    """Log in; approvers land on their inbox (``/console/approvals/``), everyone else on the queue."""
-    page.goto(f"{base}/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill("pw")
-    page.get_by_role("button", name="Log in").click()
+    """Log in (with the second factor when asked); approvers land on their inbox
+    (``/console/approvals/``), everyone else on the queue."""
+    browser_log_in(page, base, username)
     expect(page).to_have_url(f"{base}{lands_on}")
 
 

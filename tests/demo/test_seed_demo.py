@@ -12,11 +12,12 @@ from datetime import timedelta
 import pytest
 from django.conf import settings as django_settings
 from django.core.management import CommandError, call_command
+from django.test import Client
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from audit.models import TransitionEvent as Event
-from demo.management.commands.seed_demo import LONG_HISTORY, STUCK_REGION, TENANTS
+from demo.management.commands.seed_demo import DEMO_TOTP_SECRET, LONG_HISTORY, STUCK_REGION, TENANTS
 from demo.sandbox.models import Fault
 from ledger.models import Action, DispatchState
 from runtime.reconcile import reconcile_unknown
@@ -26,6 +27,7 @@ from tasks import compensation
 from tasks.models import Task
 from tasks.selectors import stuck_condition
 from tasks.states import State
+from tests.second_factor import key_of, totp_code
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -149,3 +151,16 @@ def test_every_case_exists_per_tenant_and_stays_standing_while_the_runtime_runs(
         assert (left["step"], left["compensation"]) == ("open_ticket", "close_ticket")
         [offer] = compensation.offers(canceled)
         assert offer.step == "close_ticket" and offer.run is None
+
+
+def test_demo_approvers_and_admins_sign_in_with_the_public_demo_secret_and_operators_without(demo):
+    for username in ("acme-approver", "acme-approver2", "acme-admin", "globex-admin"):
+        client = Client()
+        client.post("/accounts/login/", {"username": username, "password": "demo"})
+        code = totp_code(key_of(DEMO_TOTP_SECRET))
+        response = client.post("/accounts/second-factor/", {"code": code}, follow=True)
+        assert response.request["PATH_INFO"].startswith("/console/"), username
+        assert response.status_code == 200, username
+    operator = Client()
+    landed = operator.post("/accounts/login/", {"username": "acme-operator", "password": "demo"}, follow=True)
+    assert landed.request["PATH_INFO"] == "/console/"

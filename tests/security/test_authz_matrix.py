@@ -45,6 +45,7 @@ from tests.api.conftest import create_body, waiting_for_input
 from tests.conftest import make_task, make_user
 from tests.console.test_approvals import ask
 from tests.matrix import CAST, FAST_HASHERS, build_cast, member, module_transaction
+from tests.second_factor import forget_second_factor
 
 pytestmark = pytest.mark.django_db
 
@@ -106,6 +107,12 @@ EXPECTED: dict[tuple[str, str], dict[str, int | str]] = {
     ("login", "POST"):                    cols(200, 200, 200, 200, 200, 200, 200,   200, 200, 200, 200),
     ("login", "PUT"):                     cols(200, 200, 200, 200, 200, 200, 200,   200, 200, 200, 200),
     ("logout", "POST"):                   cols(L,   L,   L,   L,   L,   L,   L,     L,   L,   L,   L),
+    # The second factor: a signed-in session that needs no code, or has given it (force_login), goes on
+    # (an unverified one: test_a_session_without_its_second_factor_opens_only_the_accounts_pages)
+    ("second-factor", "GET"):             cols(L,   R,   R,   R,   R,   R,   R,     *T),
+    ("second-factor", "POST"):            cols(L,   R,   R,   R,   R,   R,   R,     *T),
+    ("second-factor-enroll", "GET"):      cols(L,   R,   R,   R,   R,   R,   R,     *T),
+    ("second-factor-enroll", "POST"):     cols(L,   R,   R,   R,   R,   R,   R,     *T),
     # --- API reads: any role of the tenant; lists are scoped (another tenant's operator: their own, empty)
     ("api-schema", "GET"):                cols(401, 200, 200, 200, 200, 200, 200,   200, 403, 403, 403),
     ("api-tasks", "GET"):                 cols(401, 200, 200, 200, 200, 200, 200,   200, 403, 403, 403),
@@ -427,18 +434,9 @@ def test_the_answer_matches_the_matrix(request, case, principal, acme, world):
     if (route.name, method) not in EXPECTED:
         pytest.fail(f"{route.name} {method} ({route.route}) has no row in EXPECTED")
     want = EXPECTED[(route.name, method)][principal]
-    url = _url(route, world)
     client = _client(principal, request, acme)
     before = _snapshot()
-
-    if method == "GET":
-        response = client.get(url)
-    elif route.name.startswith("api-"):
-        response = client.generic(method, url, json.dumps(_body(route.name, world)), "application/json")
-    else:
-        response = client.generic(
-            method, url, urlencode(_body(route.name, world)), "application/x-www-form-urlencoded"
-        )
+    response = _send(client, route, method, world)
     got, where = response.status_code, response.get("Location", "")
 
     if want == LOGIN:
@@ -454,6 +452,44 @@ def test_the_answer_matches_the_matrix(request, case, principal, acme, world):
         assert _snapshot() == before, "refused, but something was written"
     if principal == "outsider" and got == 200:
         assert str(world.task.id) not in _text(response), "another tenant's task leaked into the answer"
+
+
+def _send(client: Client, route: Route, method: str, world: SimpleNamespace) -> Any:
+    url = _url(route, world)
+    if method == "GET":
+        return client.get(url)
+    if route.name.startswith("api-"):
+        return client.generic(method, url, json.dumps(_body(route.name, world)), "application/json")
+    return client.generic(
+        method, url, urlencode(_body(route.name, world)), "application/x-www-form-urlencoded"
+    )
+
+
+# What a session of an approver or admin may open before its second factor (tenancy.second_factor).
+OPEN_BEFORE_THE_CODE = {"login", "logout", "second-factor", "second-factor-enroll"}
+
+
+@pytest.mark.parametrize("principal", ["approver", "admin"])
+@pytest.mark.parametrize(
+    "case",
+    [case for case in _cases() if case[0].name not in OPEN_BEFORE_THE_CODE],
+    ids=lambda case: f"{case[0].name}-{case[1]}",
+)
+def test_a_session_without_its_second_factor_opens_only_the_accounts_pages(request, case, principal, world):
+    """Password given, code not: every console page and control sends to the code page, every API
+    call made with the session is 403, and nothing is written."""
+    route, method = case
+    client = Client()
+    client.force_login(request.getfixturevalue(USER_FIXTURES[principal]))
+    forget_second_factor(client)
+    before = _snapshot()
+    response = _send(client, route, method, world)
+    got, where = response.status_code, response.get("Location", "")
+    if route.name.startswith("api-"):
+        assert got == 403 and "second factor" in _text(response), (got, _text(response)[:300])
+    else:
+        assert got == 302 and where.startswith("/accounts/second-factor/"), (got, where)
+    assert _snapshot() == before, "refused, but something was written"
 
 
 def _text(response: Any) -> str:

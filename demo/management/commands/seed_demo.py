@@ -2,7 +2,9 @@
 
 Tenants ``acme`` and ``globex``; in each, users ``<tenant>-operator``,
 ``-approver``, ``-approver2``, ``-auditor``, ``-admin``, ``-integrator`` with password
-``$DEMO_PASSWORD`` (default ``demo``); the sandbox order records, policies and
+``$DEMO_PASSWORD`` (default ``demo``), the approvers and admins with an authenticator
+device on the public ``DEMO_TOTP_SECRET`` (printed, and in the README: any TOTP app
+gives their second factor; never a secret outside the demo); the sandbox order records, policies and
 approved runtime configs; two tasks ready for the workers to drive, and, per
 tenant, a standing case of every kind an operator triages. None of the standing
 cases resolves by itself while ``make demo`` runs (web, worker, beat):
@@ -30,6 +32,7 @@ audit chain verifies.
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import os
@@ -40,6 +43,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
+from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from approvals import services as approvals
 from approvals.models import ApprovalRequest
@@ -65,6 +69,17 @@ USERS = {
     "admin": [Role.ADMIN, Role.OPERATOR],
     "integrator": [Role.INTEGRATOR],  # a system's account: start tasks, feed input and events
 }
+
+# The demo's authenticator secret (base32), the same for every demo approver and admin so the tour
+# can show the second factor: add it to any TOTP app. Public, like the demo password.
+DEMO_TOTP_SECRET = "DURABLEAGENTSDEMOSECRETNOTFORUSE"
+
+
+def give_demo_device(user: Any) -> None:
+    """A confirmed authenticator on ``DEMO_TOTP_SECRET`` for ``user``, unless one is enrolled already."""
+    if not TOTPDevice.objects.filter(user=user, confirmed=True).exists():
+        key = base64.b32decode(DEMO_TOTP_SECRET).hex()
+        TOTPDevice.objects.create(user=user, name="demo authenticator", key=key, confirmed=True)
 
 
 def _refund(order: str, amount: str) -> dict:
@@ -96,11 +111,17 @@ class Command(BaseCommand):
                     user.save(update_fields=["password"])
                 for role in roles:
                     grant_role(user, tenant, role)
+                if {Role.APPROVER, Role.ADMIN} & set(roles):
+                    give_demo_device(user)
             operator = User.objects.get(username=f"{slug}-operator")
             self._tasks(tenant, operator)
             self._standing(tenant, operator, User.objects.get(username=f"{slug}-approver2"))
         self.stdout.write(
             self.style.SUCCESS(f"Demo ready: users <tenant>-operator etc., password {password!r}")
+        )
+        self.stdout.write(
+            "Approvers and admins give a second factor: add the demo secret "
+            f"{DEMO_TOTP_SECRET} to any authenticator app (TOTP, 6 digits, 30 s)."
         )
 
     def _lost_answer(self, task, worker) -> None:
