@@ -22,11 +22,11 @@ from django.dispatch import Signal
 from django.utils import timezone
 from opentelemetry import trace
 
-from audit import canonical
 from audit.chain import GENESIS
 from audit.keys import chain_link
 from audit.models import TransitionEvent
 from audit.redaction import redact
+from ledger import integrity
 from ledger.models import Action
 from tasks import checkpoints, hotpath, metrics, registry, sealing
 from tasks.exceptions import LeaseLost, StaleEpoch, StaleVersion, TaskNotFound, TransitionNotAllowed
@@ -73,8 +73,8 @@ class ActionIntent:
 
     @property
     def digest(self) -> str:
-        # Format V1 (text as UTF-8): every stored effect_digest and idempotency key was written so.
-        return canonical.digest(self.effect, version=canonical.V1)
+        # The one digest of an effect, which the dispatcher recomputes before sending (ledger.integrity).
+        return integrity.effect_digest(self.effect)
 
     def idempotency_key(self, task_id: UUID) -> str:
         # Deterministic from task + step + effect: re-deciding the same step with
