@@ -407,7 +407,10 @@ def _not_as_intended(task: Task, progress: Progress, why: str) -> Decision:
     by an operator who checked the history, intends the effect again.
     """
     held = quarantine(progress, integrity.EFFECT_DIGEST_MISMATCH, why)
-    raise_alert = functools.partial(alerts.raise_for, AlertKind.EFFECT_DIGEST_MISMATCH, task.id)
+
+    def raise_alert() -> None:
+        alerts.raise_for(AlertKind.EFFECT_DIGEST_MISMATCH, task.id)
+
     return dataclasses.replace(held, also=(raise_alert,))
 
 

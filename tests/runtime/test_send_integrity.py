@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
+from approvals import services as approval_services
 from approvals.models import ApprovalRequest
 from demo.sandbox.models import Effect
 from ledger import integrity
@@ -176,4 +177,27 @@ def test_the_quarantine_page_explains_a_tampered_effect(acme, operator, client):
     held_for_tampering(run(task))
     client.force_login(operator)
     page = client.get(f"/console/quarantine/?reason={integrity.EFFECT_DIGEST_MISMATCH}").content.decode()
-    assert integrity.EFFECT_DIGEST_MISMATCH in page and "not the one that was intended" in page
+    assert f"<code>{integrity.EFFECT_DIGEST_MISMATCH}</code>" in page
+    assert "is not the one that was intended" in page and "Releasing holds it again, unsent" in page
+
+
+def test_the_task_page_says_what_a_tampered_effect_hold_means(acme, operator, client):
+    task = invoice_task(acme, amount="77.00")
+    alter_effect(intend(task))
+    held_for_tampering(run(task))
+    client.force_login(operator)
+    page = client.get(f"/console/tasks/{task.id}/").content.decode()
+    assert integrity.EFFECT_DIGEST_MISMATCH in page and "nothing was sent" in page
+
+
+def test_an_altered_approval_request_copy_shows_as_changed_to_its_approvers(acme):
+    task = invoice_task(acme, amount="7500.00")
+    assert run(task).state == State.WAITING_APPROVAL
+    request = ApprovalRequest.objects.get(task=task)
+    assert not approval_services.standing(request).changed
+    sql(
+        "UPDATE approvals_approvalrequest SET consequential = jsonb_set(consequential, '{effect,amount}', "
+        "'\"75.00\"') WHERE id = %s",
+        request.pk,
+    )
+    assert approval_services.standing(ApprovalRequest.objects.get(pk=request.pk)).changed
