@@ -20,7 +20,7 @@ from ledger.models import Action, DispatchState
 from runtime import controls, runner
 from runtime.models import Alert, AlertKind
 from tasks import services
-from tasks.models import Task
+from tasks.models import Checkpoint, Task
 from tasks.states import State
 from tasks.transitions import Actor
 from tests.audit.owner import triggers_off
@@ -201,3 +201,38 @@ def test_an_altered_approval_request_copy_shows_as_changed_to_its_approvers(acme
         request.pk,
     )
     assert approval_services.standing(ApprovalRequest.objects.get(pk=request.pk)).changed
+
+
+def test_a_forged_digest_in_the_intents_checkpoint_does_not_vouch_for_an_altered_effect(acme, operator):
+    task = invoice_task(acme, amount="77.00")
+    action = intend(task)
+    intended_at = Task.objects.get(pk=task.pk).state_version
+    for control in (
+        "quarantine",
+        "release",
+    ):  # newer versions: the intent's checkpoint is no longer the latest
+        current = Task.objects.get(pk=task.pk)
+        controls.task_control(
+            current, control, user=operator, roles=frozenset({"operator"}),
+            expected_version=current.state_version, reason="looking at it",
+        )  # fmt: skip
+    newer = Checkpoint.objects.filter(task_id=task.id, state_version__gt=intended_at)
+    assert runner.run_task(task.id, worker_id="w", region="default", stopping=newer.exists) == "draining"
+    alter_effect(action, with_digest=True)
+    forged = Action.objects.get(pk=action.pk).effect_digest
+    # The app role may rewrite a checkpoint's body (key rotation re-encrypts it in place): make the
+    # intent's checkpoint list the forged digest. Its audit event still records the original body's.
+    sql(
+        "UPDATE tasks_checkpoint SET body = replace(body, %s, %s) WHERE task_id = %s AND state_version = %s",
+        action.effect_digest,
+        forged,
+        task.pk,
+        intended_at,
+    )
+    assert Checkpoint.objects.filter(task=task, state_version=intended_at, body__contains=forged).exists()
+    run(task)
+    assert payments() == 0
+    held = held_for_tampering(task)
+    assert (
+        "the intent the audit chain records records no digest" in held.events.latest("state_version").reason
+    )
