@@ -451,7 +451,9 @@ def advance(
     - ``LeaseLost`` — ``lease`` lapsed or another worker claimed the task since;
     - ``ValueError`` — an unknown field in ``changes`` (or ``region`` /
       ``ownership_epoch`` on any trigger but ``failover``), a wait without a deadline,
-      or a checkpoint larger than ``CHECKPOINT_MAX_BYTES`` (``checkpoint_too_large``);
+      a checkpoint larger than ``CHECKPOINT_MAX_BYTES`` (``checkpoint_too_large``),
+      or ``actions`` without ``progress``: an intent's effect digest is bound to the
+      audit chain through its checkpoint, and the dispatcher sends nothing unbound;
     - ``IntegrityError`` — an action whose idempotency key already exists, or
       a ``records`` row breaking a unique constraint (a duplicate delivery).
     """
@@ -482,6 +484,9 @@ def _advance(
     unknown = set(changes) - CHANGEABLE
     if unknown:
         raise ValueError(f"advance() cannot change {sorted(unknown)}")
+    actions = tuple(actions)
+    if actions and progress is None:
+        raise ValueError("an intent commits with a checkpoint: its pending_actions bind the effect digest")
     to_state = State(to_state)
     # Attributes are set once committed, and only when the span is recorded: with no tracer
     # configured this costs next to nothing.
