@@ -19,11 +19,10 @@ from ledger import integrity
 from ledger.models import Action, DispatchState
 from runtime import controls, runner
 from runtime.models import Alert, AlertKind
-from tasks import services
 from tasks.models import Checkpoint, Task
 from tasks.states import State
-from tasks.transitions import Actor
 from tests.audit.owner import triggers_off
+from tests.conftest import api_client_for
 from tests.runtime.payments import fault, invoice_task, payments, run
 from tests.workflow import approve
 
@@ -160,15 +159,31 @@ def test_releasing_a_task_held_for_a_tampered_effect_sends_nothing_and_holds_it_
     held_for_tampering(again)
 
 
-def test_an_altered_task_input_is_not_rerun(acme):
+def rerun(task: Task, operator):
+    """An operator's rerun over the API, as the console's button makes it."""
+    return api_client_for(operator).post(f"/api/tasks/{task.id}/rerun/", {"reason": "again"}, format="json")
+
+
+def test_an_altered_task_input_is_not_rerun(acme, operator):
     fault("reject")
     task = run(invoice_task(acme, amount="77.00"))
     assert task.state == State.FAILED  # a rerunnable end
     sql(f"UPDATE tasks_task SET input = jsonb_set(input, '{{amount}}', '{ALTERED}') WHERE id = %s", task.pk)
-    with pytest.raises(services.InvalidTaskInput) as refused:
-        services.task_rerun(Task.objects.get(pk=task.pk), actor=Actor.system("tests"), reason="again")
-    assert integrity.INPUT_DIGEST_MISMATCH in str(refused.value.errors)
+    response = api_client_for(operator).post(
+        f"/api/tasks/{task.id}/rerun/", {"reason": "again"}, format="json"
+    )
+    assert response.status_code == 400 and integrity.INPUT_DIGEST_MISMATCH in str(response.json())
     assert Task.objects.filter(rerun_of=task).count() == 0 and payments() == 0
+
+
+def test_an_untampered_failed_task_is_still_rerun(acme, operator):
+    fault("reject")
+    task = run(invoice_task(acme, amount="77.00"))
+    response = api_client_for(operator).post(
+        f"/api/tasks/{task.id}/rerun/", {"reason": "again"}, format="json"
+    )
+    assert response.status_code == 201
+    assert run(Task.objects.get(rerun_of=task)).state == State.COMPLETED and payments() == 1
 
 
 def test_the_quarantine_page_explains_a_tampered_effect(acme, operator, client):
