@@ -31,6 +31,7 @@ from opentelemetry import trace
 
 from approvals.digest import digest
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Decision
+from ledger import integrity
 from tasks import doorbell, metrics, registry, sealing
 from tasks import services as task_services
 from tasks.checkpoints import ApprovalRef, Progress
@@ -155,14 +156,22 @@ def gate(
     Returns ``("proceed", "")``, ``("reapprove", why)`` — the action or an
     invalidating fact changed, or the policy did — or ``("refresh", why)`` — a
     fact that needs fresh evidence changed and no evidence was read since the
-    decision.
+    decision; ``(EFFECT_DIGEST_MISMATCH, why)`` when the request's own copy of
+    what it authorizes (the one approvers were shown) is not what its digest
+    binds: changed in the database, so the decision cannot stand for anything.
     """
     facts = dict(progress.facts)
     current = material_snapshot(task, kind, facts)
     try:
         approved = request.opened("material")
+        shown = request.opened("consequential")
     except sealing.Unopenable as exc:  # its key retired: what was approved cannot be compared
         return "reapprove", f"the approved facts cannot be read ({exc.where}: {exc.problem})"
+    if digest(shown) != request.digest:
+        return integrity.EFFECT_DIGEST_MISMATCH, (
+            f"approval request {request.id}: its copy of what it authorizes differs from its digest "
+            f"{request.digest[:12]}… (changed after it was asked): the decision covers nothing"
+        )
     rules = {**kind.material_facts, "policy_version": "invalidate"}
     stale = []
     for name, rule in rules.items():
@@ -440,7 +449,9 @@ def standing(request: ApprovalRequest) -> Standing:
     try:
         action = registry.get(request.task.task_type).step_as(request.action_step, registry.Dispatch)
         changed = digest(consequential_fields(action, dict(progress.facts))) != request.digest
-    except Exception:  # a vanished step or facts it cannot be built from
+        # The copy the page shows must be what the digest binds too (else changed in the database).
+        changed = changed or digest(request.opened("consequential")) != request.digest
+    except Exception:  # a vanished step, facts it cannot be built from, a copy that cannot be opened
         changed = True
     return Standing(changed=changed, evidence_now=evidence_now)
 

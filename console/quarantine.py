@@ -16,6 +16,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_safe
 
 from console.access import QUARANTINE_ROLES, tenant_ids_or_403
+from ledger import integrity
 from tasks import selectors
 from tenancy.models import Role
 from tenancy.selectors import tenant_ids_for
@@ -70,6 +71,10 @@ BEFORE_RELEASE = {
     "owner_access_revoked": "The owner no longer operates the tenant: restore the role, or cancel.",
     "runtime_config_unapproved": "No approved runtime config: approve one first.",
     "quarantine": "Held by an operator: read their reason before releasing.",
+    integrity.EFFECT_DIGEST_MISMATCH: "An effect it was about to send is not the one that was intended "
+    "(or approved): the action row, or the approval's copy, was changed in the database, and nothing was "
+    "sent. Releasing holds it again, unsent: find who changed it (history page, access log), then cancel "
+    "the task and rerun it if the effect is still due (the rerun intends it afresh from the checked input).",
 }
 
 

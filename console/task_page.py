@@ -37,6 +37,7 @@ from audit.models import LeaseTakeover, TransitionEvent
 from console.access import can_operate, get_task_for_user
 from console.forms import DESTRUCTIVE, AnswerForm, CompensateForm, ControlForm, RerunForm, RevealForm
 from console.quarantine import BEFORE_RELEASE
+from ledger import integrity
 from ledger.models import Action
 from runtime import controls
 from tasks import checkpoints, compensation, registry, retention, reveal, sealing, selectors, services
@@ -83,6 +84,8 @@ FOUND = {
     "owner_access_revoked": "its owner had lost access last time",
     "unknown_step": "its step no longer existed in the task type last time",
     "quarantine": "an operator quarantined it",
+    integrity.EFFECT_DIGEST_MISMATCH: "an effect it was about to send was not the one intended last time "
+    "(changed in the database; nothing was sent)",
 }
 
 

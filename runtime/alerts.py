@@ -53,6 +53,7 @@ from django.http import Http404
 from django.utils import timezone
 
 from audit.models import TransitionEvent
+from ledger import integrity
 from runtime.models import Alert, AlertKind, AlertNote
 from tasks import selectors
 from tasks.models import Task
@@ -162,12 +163,27 @@ def cancel_unconfirmed(now: datetime) -> Rule:
     )
 
 
+def effect_digest_mismatch(now: datetime) -> Rule:
+    """``quarantined`` because an effect about to be sent, or an approval's copy of it, was not what
+    was committed (``ledger.integrity``): nothing was sent, and someone with database access changed
+    a row. Raised by the worker in the very commit that holds the task (``raise_for``); the scan
+    raises any it missed and clears it once the task moves on."""
+    return Rule(
+        Q(state=State.QUARANTINED, state_reason=integrity.EFFECT_DIGEST_MISMATCH),
+        _words(
+            "an effect was about to be sent that is not the one intended (changed in the database): "
+            "nothing was sent; read the task's history and who had database access before anything else"
+        ),
+    )
+
+
 CLASSIFIERS: dict[AlertKind, Callable[[datetime], Rule]] = {
     AlertKind.NO_LIVE_LEASE: no_live_lease,
     AlertKind.WAIT_PAST_DEADLINE: wait_past_deadline,
     AlertKind.UNKNOWN_OUTCOME_OVERDUE: unknown_outcome_overdue,
     AlertKind.QUARANTINE_OVERDUE: quarantine_overdue,
     AlertKind.CANCEL_UNCONFIRMED: cancel_unconfirmed,
+    AlertKind.EFFECT_DIGEST_MISMATCH: effect_digest_mismatch,
 }
 
 
@@ -212,6 +228,17 @@ def _clear(kind: AlertKind, rule: Rule, now: datetime) -> int:
         .filter(~Exists(holds) | Exists(moved))
         .update(cleared_at=now)
     )
+
+
+def raise_for(kind: AlertKind, task_id: UUID | str, *, now: datetime | None = None) -> int:
+    """Raise ``kind`` for one task right now if it meets the kind's condition (and has no open one).
+
+    For a condition a transition itself creates: run inside that transition's transaction
+    (``advance(also=…)``), the alert commits with it or not at all.
+    """
+    now = now or timezone.now()
+    rule = CLASSIFIERS[kind](now)
+    return _raise(kind, Rule(rule.condition & Q(pk=task_id), rule.cause), now)
 
 
 # Every column an alert is raised with; the others keep their NULL (or are filled below).

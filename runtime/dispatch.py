@@ -6,6 +6,15 @@
    (``tasks.leases.fence``). A second claimer, a worker whose task was taken
    over while it was paused, or one whose region lost the task in a failover,
    changes nothing.
+   Before the claim, the effect as it will be sent (its sealed values opened) is
+   checked against every record of what was intended (``_not_as_intended``):
+   the row's ``effect_digest``, the approval's digest for an approved action,
+   and the digest the keyed audit chain binds (the intent's checkpoint, whose
+   digest the intending transition's event records). A difference — someone
+   changed the row in the database — sends nothing: the action is withheld
+   (``intended`` -> ``failed``, outcome ``withheld``; a ``reconciled_absent``
+   one stays so, for the late-landing check) and ``EffectMismatch`` tells the
+   engine to quarantine the task with ``effect_digest_mismatch``.
 2. Check, then send: right before the request leaves, the worker checks its
    fence again and that it is still within ``SEND_WINDOW`` of its claim on
    its own clock; a worker that finds either gone sends nothing. The
@@ -24,23 +33,31 @@ idempotency key and the state the action ended in; never the effect.
 from __future__ import annotations
 
 import hashlib
+import hmac
+import json
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from django.db.models import OuterRef, Subquery
 from opentelemetry import trace
 
+from approvals.digest import digest as approval_digest
+from approvals.models import ApprovalRequest
+from audit.chain import HASHED_FIELDS, LEGACY, OPTIONAL_HASHED_FIELDS, link_hash
+from audit.keys import chain_keys
+from audit.models import TransitionEvent
 from audit.redaction import redact
-from ledger import connectors
+from ledger import connectors, integrity
 from ledger.connectors.base import OutcomeUnknown, Rejected
 from ledger.models import SENDABLE, Action, DispatchState
 from ledger.services import action_move
 from runtime import chaos, db
-from tasks import cancellation, leases, metrics, sealing
+from tasks import cancellation, checkpoints, leases, metrics, sealing
 from tasks.exceptions import LeaseLost, StaleEpoch, StaleVersion
 from tasks.leases import Held
-from tasks.models import Lease, Task
+from tasks.models import Checkpoint, Lease, Task
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -61,12 +78,85 @@ class Claimed:
     effect: dict[str, Any]  # the effect as it is sent: its sealed values opened (``tasks.sealing``)
 
 
+class EffectMismatch(Exception):
+    """The effect about to be sent is not the one intended (or approved): it was not sent."""
+
+
+def _chained_digest(action: Action) -> str | None:
+    """The effect digest the keyed audit chain binds for ``action``; None when nothing binds one.
+
+    The transition that intended it wrote the action and its checkpoint (whose
+    ``pending_actions`` name the key and digest) at the moment the action was
+    created, and its event records that checkpoint's digest under the chain
+    key, which the app role does not hold. One read: the task's events at that
+    moment (the unique (task, version) index) with their checkpoint's body.
+    An unkeyed (legacy) event, or one whose hash does not verify, binds nothing.
+    """
+    body = Checkpoint.objects.filter(task_id=OuterRef("task_id"), state_version=OuterRef("state_version"))
+    events = TransitionEvent.objects.filter(task_id=action.task_id, created_at=action.created_at).annotate(
+        body=Subquery(body.values("body")[:1])
+    )
+    keys = chain_keys()
+    for event in events:
+        if event.key_id == LEGACY or event.key_id not in keys or not event.body:
+            continue
+        fields = {name: getattr(event, name) for name in (*HASHED_FIELDS, *OPTIONAL_HASHED_FIELDS)}
+        link = link_hash(event.prev_hash, fields, key_id=event.key_id, keys=keys)
+        if not hmac.compare_digest(link.encode(), event.hash.encode()):
+            continue
+        if not event.checkpoint_digest or checkpoints.digest(event.body) != event.checkpoint_digest:
+            continue
+        for pending in json.loads(event.body).get("pending_actions") or ():
+            if pending.get("idempotency_key") == action.idempotency_key:
+                return str(pending.get("effect_digest"))
+    return None
+
+
+def _not_as_intended(action: Action, effect: dict[str, Any], approval: ApprovalRequest | None) -> str:
+    """Why ``effect`` (``action``'s, opened) must not be sent as the intent; "" when every record agrees.
+
+    Cheapest first: the row's digest, the approval's (both rows in hand), then
+    the chained record (one read).
+    """
+    actual = integrity.effect_digest(effect)
+    why = integrity.mismatch(actual, action.effect_digest, "the action row's effect_digest")
+    if not why and approval is not None:
+        # What an approval authorizes (approvals.services.consequential_fields), built from this action.
+        authorized = {"step": action.step, "connector": action.connector, "effect": effect}
+        why = integrity.mismatch(approval_digest(authorized), approval.digest, "the approval's digest")
+    if not why:
+        why = integrity.mismatch(actual, _chained_digest(action), "the intent the audit chain records")
+    return why
+
+
+def _withhold(action: Action, lease: Held, why: str) -> None:
+    """Never send ``action``: an intent never claimed becomes ``failed`` (withheld, definitely not
+    performed); one found absent after an earlier send stays so, for the reconciler's late-landing check."""
+    log.error("effect not as intended; not sent", extra={"action": action.idempotency_key, "why": why})
+    if action.dispatch_state == DispatchState.INTENDED:
+        action_move(
+            action.pk,
+            DispatchState.INTENDED,
+            DispatchState.FAILED,
+            attempts=action.attempts,
+            fence=leases.fence(lease),
+            last_error=f"{integrity.EFFECT_DIGEST_MISMATCH}: {why}; never sent",
+            outcome=integrity.withheld_outcome(),
+        )
+
+
 def _lost(lease: Held, why: str) -> LeaseLost:
     return LeaseLost(f"lease #{lease.token} on task {lease.task_id} is no longer held: {why}")
 
 
-def claim(action_id: int, *, lease: Held, at_version: int | None = None) -> Claimed | None:
+def claim(
+    action_id: int, *, lease: Held, at_version: int | None = None, approval: ApprovalRequest | None = None
+) -> Claimed | None:
     """Take a sendable action for the holder of ``lease``; None if it is not sendable (any more).
+
+    ``approval``: the approved request the action runs under, if it needs one.
+    Raises ``EffectMismatch``, having withheld the action unsent, when its
+    effect is not what was intended or approved (module docstring, 1).
 
     Raises ``LeaseLost`` when the action is still sendable but the lease is
     not held, ``StaleEpoch`` when the task failed over to another region since
@@ -80,6 +170,10 @@ def claim(action_id: int, *, lease: Held, at_version: int | None = None) -> Clai
     # Opened before the claim: an effect this process cannot open (its key retired) is never marked as
     # sent; the error (naming the field and key id, not the value) quarantines the task instead.
     effect = sealing.open_effect(action.idempotency_key, action.effect)
+    why = _not_as_intended(action, effect, approval)
+    if why:
+        _withhold(action, lease, why)
+        raise EffectMismatch(why)
     chaos.before_claim(action)
     moved = action_move(
         action.pk,
@@ -213,10 +307,15 @@ def send(claimed: Claimed) -> Action:
     return Action.objects.get(pk=action.pk)
 
 
-def claim_and_send(action_id: int, *, lease: Held, at_version: int | None = None) -> Action:
-    """Send the action if this worker can claim it; either way return its current row."""
+def claim_and_send(
+    action_id: int, *, lease: Held, at_version: int | None = None, approval: ApprovalRequest | None = None
+) -> Action:
+    """Send the action if this worker can claim it; either way return its current row.
+
+    Refuses as ``claim`` does (``EffectMismatch`` included).
+    """
     with tracer.start_as_current_span("action.dispatch") as span:
-        claimed = claim(action_id, lease=lease, at_version=at_version)
+        claimed = claim(action_id, lease=lease, at_version=at_version, approval=approval)
         action = send(claimed) if claimed is not None else Action.objects.get(pk=action_id)
         if span.is_recording():
             span.set_attributes({**action_attributes(action), "durable.action.sent": claimed is not None})

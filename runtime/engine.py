@@ -21,10 +21,12 @@ from django.conf import settings
 from approvals import services as approvals
 from approvals.models import ApprovalStatus
 from audit.models import TransitionEvent
+from ledger import integrity
 from ledger.models import IN_DOUBT, SENDABLE, SETTLED_FAILED, SETTLED_OK, Action, DispatchState
 from ledger.services import action_move
-from runtime import db, dispatch, evidence, llm, reconcile, validation
+from runtime import alerts, db, dispatch, evidence, llm, reconcile, validation
 from runtime.llm import Model, ModelUnavailable
+from runtime.models import AlertKind
 from tasks import cancellation, children, compensation, registry, sealing, services
 from tasks.checkpoints import Checkpoint, EvidenceRef, Progress, ToolCallRecord, as_fact
 from tasks.decisions import Decision, quarantine, retry_later
@@ -301,12 +303,15 @@ def _dispatch(
     """
     if any(call.step == step.name for call in progress.tool_calls):
         return _advance_to(progress, step.next, task)  # done before a refresh or replan brought us back
+    approved = None
     if step.needs_approval(facts):  # always when it names one, or above the type's money thresholds
         # The approved action runs only as approved: recheck the binding right before the intent.
         approved = approvals.latest_request(task, step.approval)
         if approved is None or approved.status != ApprovalStatus.APPROVED:
             return _advance_to(progress, step.approval, task)
         verdict, why = approvals.gate(task, kind, approved, progress)
+        if verdict == integrity.EFFECT_DIGEST_MISMATCH:
+            return _not_as_intended(task, progress, why)
         if verdict != "proceed":
             return Decision(
                 State.READY,
@@ -345,9 +350,16 @@ def _dispatch(
     if action.dispatch_state in SENDABLE:
         if lease is None:
             raise ValueError("a side effect is sent only under a worker's lease")
-        action = dispatch.claim_and_send(action.pk, lease=lease, at_version=task.state_version)
+        try:
+            action = dispatch.claim_and_send(
+                action.pk, lease=lease, at_version=task.state_version, approval=approved
+            )
+        except dispatch.EffectMismatch as exc:  # withheld unsent
+            return _not_as_intended(task, progress, str(exc))
         if action.dispatch_state in SENDABLE:
             return None  # moved back and forth under us: look again on the next claim, never call it unknown
+    if integrity.is_withheld(action.outcome):  # withheld before (a release): held again, never sent
+        return _not_as_intended(task, progress, action.last_error)
     if action.dispatch_state in SETTLED_OK:
         call = ToolCallRecord(
             action_id=str(action.pk),
@@ -385,6 +397,21 @@ def _dispatch(
         reason=action.last_error or f"{action.idempotency_key} is {action.dispatch_state}",
         reason_code="dispatch_unknown",
     )
+
+
+def _not_as_intended(task: Task, progress: Progress, why: str) -> Decision:
+    """Hold the task: what it was about to send (or an approval's copy of it) is not what was committed.
+
+    Someone changed a row in the database. Nothing is sent, and an alert commits with the
+    quarantine. A release comes back here (the action stays withheld): only a new task, started
+    by an operator who checked the history, intends the effect again.
+    """
+    held = quarantine(progress, integrity.EFFECT_DIGEST_MISMATCH, why)
+
+    def raise_alert() -> None:
+        alerts.raise_for(AlertKind.EFFECT_DIGEST_MISMATCH, task.id)
+
+    return dataclasses.replace(held, also=(raise_alert,))
 
 
 def _turn_canceled(

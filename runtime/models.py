@@ -101,6 +101,7 @@ class AlertKind(models.TextChoices):
     UNKNOWN_OUTCOME_OVERDUE = "unknown_outcome_overdue", "outcome unknown too long"
     QUARANTINE_OVERDUE = "quarantine_overdue", "quarantined too long"
     CANCEL_UNCONFIRMED = "cancel_unconfirmed", "cancel not confirmed"
+    EFFECT_DIGEST_MISMATCH = "effect_digest_mismatch", "effect not as intended, held unsent"
 
 
 class Alert(models.Model):

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from audit import canonical
 from audit.models import TransitionEvent
+from ledger import integrity
 from tasks import checkpoints, doorbell, hotpath, metrics, registry, sealing
 from tasks.checkpoints import Scalar
 from tasks.exceptions import StaleVersion, TransitionError, TransitionNotAllowed
@@ -234,8 +235,27 @@ def seal_input(task_type: str, task_id: UUID, accepted: dict[str, Any]) -> dict[
 
 
 def task_input(task: Task) -> Any:
-    """The task's input as it was submitted (sealed fields opened). Raises ``sealing.Unopenable``."""
-    return sealing.open_all(task.input, sealing.task_place(task.id, "input"))
+    """The task's input as it was submitted (sealed fields opened), to start work from (a rerun, a
+    compensation run).
+
+    Raises ``sealing.Unopenable``, and ``InvalidTaskInput`` (``input_digest_mismatch``) when the
+    stored input and objective are not what the task's ``request_digest`` says was submitted:
+    changed in the database, so nothing may be started from them.
+    """
+    submitted = sealing.open_all(task.input, sealing.task_place(task.id, "input"))
+    if task.request_digest and task.request_digest != _request_digest(
+        task.task_type, task.objective, submitted, task.deadline
+    ):
+        log.error("task input not as submitted", extra={"task_id": str(task.id)})
+        raise InvalidTaskInput(
+            {
+                "input": [
+                    f"{integrity.INPUT_DIGEST_MISMATCH}: the stored input is not what was submitted "
+                    "(it differs from the task's request digest): nothing is started from it"
+                ]
+            }
+        )
+    return submitted
 
 
 def outcome_fields(task_type: str) -> frozenset[str]:

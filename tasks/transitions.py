@@ -22,11 +22,11 @@ from django.dispatch import Signal
 from django.utils import timezone
 from opentelemetry import trace
 
-from audit import canonical
 from audit.chain import GENESIS
 from audit.keys import chain_link
 from audit.models import TransitionEvent
 from audit.redaction import redact
+from ledger import integrity
 from ledger.models import Action
 from tasks import checkpoints, hotpath, metrics, registry, sealing
 from tasks.exceptions import LeaseLost, StaleEpoch, StaleVersion, TaskNotFound, TransitionNotAllowed
@@ -73,8 +73,8 @@ class ActionIntent:
 
     @property
     def digest(self) -> str:
-        # Format V1 (text as UTF-8): every stored effect_digest and idempotency key was written so.
-        return canonical.digest(self.effect, version=canonical.V1)
+        # The one digest of an effect, which the dispatcher recomputes before sending (ledger.integrity).
+        return integrity.effect_digest(self.effect)
 
     def idempotency_key(self, task_id: UUID) -> str:
         # Deterministic from task + step + effect: re-deciding the same step with
@@ -451,7 +451,9 @@ def advance(
     - ``LeaseLost`` — ``lease`` lapsed or another worker claimed the task since;
     - ``ValueError`` — an unknown field in ``changes`` (or ``region`` /
       ``ownership_epoch`` on any trigger but ``failover``), a wait without a deadline,
-      or a checkpoint larger than ``CHECKPOINT_MAX_BYTES`` (``checkpoint_too_large``);
+      a checkpoint larger than ``CHECKPOINT_MAX_BYTES`` (``checkpoint_too_large``),
+      or ``actions`` without ``progress``: an intent's effect digest is bound to the
+      audit chain through its checkpoint, and the dispatcher sends nothing unbound;
     - ``IntegrityError`` — an action whose idempotency key already exists, or
       a ``records`` row breaking a unique constraint (a duplicate delivery).
     """
@@ -482,6 +484,9 @@ def _advance(
     unknown = set(changes) - CHANGEABLE
     if unknown:
         raise ValueError(f"advance() cannot change {sorted(unknown)}")
+    actions = tuple(actions)
+    if actions and progress is None:
+        raise ValueError("an intent commits with a checkpoint: its pending_actions bind the effect digest")
     to_state = State(to_state)
     # Attributes are set once committed, and only when the span is recorded: with no tracer
     # configured this costs next to nothing.
