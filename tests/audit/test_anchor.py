@@ -20,6 +20,7 @@ from audit.keys import encode_private, encode_public
 from audit.models import Tombstone
 from audit.tombstones import make_tombstone, retention_path
 from audit.workers import anchor as anchor_task
+from audit.workers import anchor_if_due as anchor_if_due_task
 from tasks.models import Task
 from tasks.states import State
 from tasks.transitions import Actor, advance
@@ -125,8 +126,9 @@ def test_the_command_and_the_beat_task_write_to_the_anchor_directory(acme, tmp_p
     assert "1 tasks, 0 tombstones, 1 tenants" in capsys.readouterr().out
     written = anchor_task()
     assert written.startswith(str(tmp_path)) and len(list(tmp_path.glob("anchor-*.jsonl"))) == 2
-    entry = django_settings.CELERY_BEAT_SCHEDULE["audit-anchor"]
-    assert entry["task"] == anchor_task.name == "audit.anchor"
+    entry = django_settings.CELERY_BEAT_SCHEDULE["audit-anchor"]  # beat polls; anchors when due
+    assert entry["task"] == anchor_if_due_task.name == "audit.anchor_if_due"
+    assert entry["schedule"] < django_settings.AUDIT_ANCHOR_INTERVAL
 
 
 # --- Verifying against it ---------------------------------------------------------------------
