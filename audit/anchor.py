@@ -75,7 +75,7 @@ from django.utils import timezone
 from audit.keys import anchor_public_keys, anchor_signing_key, chain_keys, fingerprint
 from audit.models import AnchorRequest, AnchorRun, Tombstone, TransitionEvent
 from audit.tombstones import tombstone_problem
-from audit.verify import snapshot
+from audit.verify import keyed_since, snapshot
 
 FORMAT = "durable-agents/audit-anchor"
 FORMAT_VERSION = 1
@@ -201,6 +201,8 @@ def write_anchor(directory: Path | None = None, *, chunk: int = CHUNK) -> Writte
                     "created_at": _iso(created),
                     "signing_key": key,
                     "chain_key_ids": list(chain_keys()),
+                    # When the chain was keyed: moving it later would let unkeyed rewrites pass.
+                    "keyed_since": _iso(keyed) if (keyed := keyed_since()) else None,
                 }
             )
             with snapshot():
@@ -449,6 +451,19 @@ def _check_tombstones(batch: list[dict[str, Any]]) -> Iterator[str]:
             yield f"tombstone of task {record['tombstone']}: differs from the anchored one"
 
 
+def _check_keyed_since(header: dict[str, Any]) -> Iterator[str]:
+    """The moment the chain was keyed, as the anchor recorded it, against the database's now."""
+    if "keyed_since" not in header:
+        return  # an anchor from before it was recorded
+    keyed = keyed_since()
+    now = _iso(keyed) if keyed else None
+    if now != header["keyed_since"]:
+        yield (
+            f"the chain was keyed at {header['keyed_since']} by the anchor, at {now} by the database now "
+            "(django_migrations edited: unkeyed events would pass as older history)"
+        )
+
+
 def _check_counts(anchored: dict[int, dict[str, int]]) -> Iterator[str]:
     with snapshot():
         now = tenant_counts()
@@ -486,6 +501,9 @@ def check_against(path: Path, checked: Checked, *, chunk: int = CHUNK) -> Iterat
         yield f"anchor {path}: {exc}"
         return
     checked.created_at = str(header.get("created_at", ""))
+    for problem in _check_keyed_since(header):
+        checked.problems += 1
+        yield problem
     # The chain keys check a tombstone's older seal; only an anchor key may sign it.
     keys: Keys = (chain_keys(), anchor_public_keys())
     tasks: list[dict[str, Any]] = []

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
@@ -25,6 +26,7 @@ from audit.chain import GENESIS, HASHED_FIELDS, OPTIONAL_HASHED_FIELDS, event_ha
 from audit.keys import current_chain_key
 from audit.models import AnchorRequest, Tombstone, TransitionEvent
 from audit.tombstones import SEALED_FIELDS
+from audit.verify import KEYED_MIGRATION
 from tasks import retention
 from tasks.models import Task
 from tasks.states import ActorKind, State, Trigger
@@ -373,3 +375,17 @@ def test_the_command_anchors_only_when_due_with_if_due(acme, tmp_path, capsys):
     call_command("audit_anchor", "--dir", str(tmp_path), "--if-due")
     assert "not due" in capsys.readouterr().out
     assert len(list(tmp_path.glob("anchor-*.jsonl"))) == 1
+
+
+def test_moving_the_moment_the_chain_was_keyed_is_reported_against_the_anchor(acme, tmp_path, capsys):
+    """The owner edits ``django_migrations`` so that unkeyed rewrites would pass as older history."""
+    make_task(acme)
+    anchor = write_anchor(tmp_path).path
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE django_migrations SET applied = clock_timestamp() WHERE app = %s AND name = %s",
+            list(KEYED_MIGRATION),
+        )
+
+    ok, out = verify("--against", str(anchor), capsys=capsys)
+    assert not ok and "by the database now (django_migrations edited" in out
