@@ -36,12 +36,12 @@ in one transaction per batch on the owner's retention path (``audit.tombstones.r
 after inserting a ``Tombstone`` per task with its last version and chain head, signed with the
 anchor key (``AUDIT_ANCHOR_KEY``: a deletion runs only where that key is, never in the app), so
 anchors taken before the deletion still verify and the next anchor — asked for at once, by an
-``AnchorRequest`` — lists the tombstone. A task whose chain does not verify (links and path,
-``tasks.audit_paths``) is never deleted: its evidence stays, and no signature vouches for it.
-Only the database owner may do that (README, "Database roles"): connected as the application's
-role, a run archives and reports the deletions due as awaiting the owner. A task that a surviving task
-reruns or descends from (``rerun_of``, ``parent``) is kept until that task goes too; tasks that
-go together go in one transaction.
+``AnchorRequest`` — lists the tombstone. Only the database owner may do that (README, "Database
+roles"): connected as the application's role, a run archives and reports the deletions due as
+awaiting the owner. A task whose chain does not verify (links and path, ``tasks.audit_paths``)
+is never deleted: its evidence stays, and no signature vouches for it. A task that a surviving
+task reruns or descends from (``rerun_of``, ``parent``) is kept until that task goes too; tasks
+that go together go in one transaction.
 
 A run is idempotent (an archived task is not archived again; a deleted one is gone), and the
 dry run and the real run share every decision (``plan_batch``); the real run re-checks each
@@ -68,6 +68,7 @@ from django.utils import timezone
 
 from audit.models import AnchorRequest, Tombstone
 from audit.tombstones import make_tombstone, retention_path
+from audit.verify import keyed_since
 from tasks import checkpoints, registry, sealing, services
 from tasks.audit_paths import verify_chain
 from tasks.exceptions import TaskNotFound
@@ -523,7 +524,8 @@ def delete_tasks(ids: Collection[UUID], rules: TenantRules, now: datetime) -> in
             if task.pk not in held
             and verdict(rules.rule(task.task_type), task.state_entered_at, archived=True, now=now) == DELETE
         }
-        going = _unreferenced({task_id for task_id, task in due.items() if _verifies(task)})
+        keyed = keyed_since()
+        going = _unreferenced({task_id for task_id, task in due.items() if _verifies(task, keyed)})
         if not going:
             return 0
         Tombstone.objects.bulk_create(
@@ -543,9 +545,9 @@ def delete_tasks(ids: Collection[UUID], rules: TenantRules, now: datetime) -> in
     return len(going)
 
 
-def _verifies(task: Task) -> bool:
+def _verifies(task: Task, keyed: datetime | None) -> bool:
     """Whether ``task``'s chain verifies, so that a signed tombstone may vouch for it (else kept)."""
-    broken = verify_chain(task)
+    broken = verify_chain(task, keyed=keyed)
     if broken is not None:
         log.warning(
             "not deleting a task whose audit chain is broken",
