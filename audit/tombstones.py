@@ -116,19 +116,29 @@ def make_tombstone(
 def tombstone_problem(
     tombstone: Any, keys: Mapping[str, bytes], trusted: Mapping[str, Ed25519PublicKey]
 ) -> str | None:
-    """Why ``tombstone`` cannot account for a deleted task, or None.
+    """Why ``tombstone`` cannot account for a deleted task, or None: ``seal_problem``, then
+    ``signature_problem``."""
+    return seal_problem(tombstone, keys) or signature_problem(tombstone, trusted)
 
-    ``keys``: the chain keys (``audit.keys.chain_keys``), for the older seal, still checked;
-    ``trusted``: the anchor public keys by fingerprint (``audit.keys.anchor_public_keys``).
-    A tombstone without a signature, signed by a key not trusted here, or whose signature does
-    not cover its contents could have been made by anyone holding the chain key.
-    """
+
+def seal_problem(tombstone: Any, keys: Mapping[str, bytes]) -> str | None:
+    """Why the older seal with the chain key (``keys``: ``audit.keys.chain_keys``) fails, or None."""
     secret = keys.get(tombstone.key_id)
     if secret is None:
         return f"tombstone sealed with key id {tombstone.key_id!r}, which AUDIT_HMAC_KEYS does not hold"
     fields = {name: getattr(tombstone, name) for name in SEALED_FIELDS}
     if not hmac.compare_digest(_mac(fields, secret).encode(), str(tombstone.mac).encode()):
         return "tombstone's seal does not match its contents"
+    return None
+
+
+def signature_problem(tombstone: Any, trusted: Mapping[str, Ed25519PublicKey]) -> str | None:
+    """Why the anchor-key signature fails, or None.
+
+    ``trusted``: the anchor public keys by fingerprint (``audit.keys.anchor_public_keys``).
+    A tombstone without a signature, signed by a key not trusted here, or whose signature does
+    not cover its contents could have been made by anyone holding the chain key.
+    """
     if not tombstone.signature:
         return (
             "its tombstone is sealed with the chain key only (no anchor-key signature): "
@@ -137,6 +147,7 @@ def tombstone_problem(
     public = trusted.get(tombstone.signing_key)
     if public is None:
         return f"its tombstone is signed by key {tombstone.signing_key!r}, which is not trusted here"
+    fields = {name: getattr(tombstone, name) for name in SEALED_FIELDS}
     try:
         public.verify(base64.b64decode(tombstone.signature, validate=True), SIGNED_PREFIX + _text(fields))
     except (InvalidSignature, binascii.Error, ValueError):

@@ -20,9 +20,10 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.migrations.recorder import MigrationRecorder
 
-from audit.chain import BrokenLink, verify_events
-from audit.keys import chain_keys
-from audit.models import TransitionEvent
+from audit.chain import BrokenLink, created_at_of, verify_events
+from audit.keys import anchor_public_keys, chain_keys
+from audit.models import Tombstone, TransitionEvent
+from audit.tombstones import seal_problem, signature_problem
 
 # The migration that gave events a key id: every event written since is keyed (audit.chain).
 KEYED_MIGRATION = ("audit", "0008_event_key_id_tombstone")
@@ -85,6 +86,35 @@ def _verify_once(task_id: Any, path: PathCheck | None, since: datetime | None) -
     if link is None and path is not None:
         link = path(task_id, events, row["state"])
     return link
+
+
+def tombstone_problems(*, chunk: int = 1000) -> Iterator[str]:
+    """Every tombstone that does not hold up: a broken seal or signature, or none where one is due.
+
+    A tombstone of a task created before tombstones were signed (audit migration 0010) may lack a
+    signature; any other needs a valid one, so a task deleted by a chain-key holder between two
+    anchors, with a tombstone of its own making, is reported even though no anchor knew it.
+    """
+    signed_since = in_force_since(SIGNED_TOMBSTONES_MIGRATION)
+    keys, trusted = chain_keys(), anchor_public_keys()
+    after = 0
+    while True:
+        page = list(Tombstone.objects.filter(id__gt=after).order_by("id")[:chunk])
+        for stone in page:
+            problem = seal_problem(stone, keys)
+            if problem is None and (stone.signature or not _before(stone.task_id, signed_since)):
+                problem = signature_problem(stone, trusted)
+            if problem:
+                yield f"task {stone.task_id} (deleted, tenant {stone.tenant_id}): {problem}"
+        if len(page) < chunk:
+            return
+        after = page[-1].id
+
+
+def _before(task_id: Any, moment: datetime | None) -> bool:
+    """Whether the task was created before ``moment`` (by its UUIDv7 id); False when either is unknown."""
+    created = created_at_of(task_id)
+    return created is not None and moment is not None and created < moment
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from audit.chain import GENESIS, HASHED_FIELDS, OPTIONAL_HASHED_FIELDS, event_ha
 from audit.keys import current_chain_key
 from audit.models import AnchorRequest, Tombstone, TransitionEvent
 from audit.tombstones import SEALED_FIELDS
-from audit.verify import KEYED_MIGRATION
+from audit.verify import KEYED_MIGRATION, SIGNED_TOMBSTONES_MIGRATION
 from tasks import retention
 from tasks.models import Task
 from tasks.states import ActorKind, State, Trigger
@@ -120,6 +120,34 @@ def test_a_live_anchored_task_deleted_with_a_chain_key_tombstone_is_reported_aga
         "chain key only (no anchor-key signature)" in out
     )
     assert str(kept.id) not in out
+
+
+def test_a_task_deleted_between_anchors_with_a_chain_key_tombstone_is_reported_by_plain_verify_audit(
+    acme, capsys
+):
+    """No anchor knew the task, but every tombstone of a task created since they were signed needs one."""
+    task = task_with_history(acme, steps=1)
+    chain_key_tombstone(task)
+    delete_task(task)
+
+    ok, out = verify(capsys=capsys)
+    assert not ok
+    deleted = f"task {task.id} (deleted, tenant {acme.id})"
+    assert f"{deleted}: its tombstone is sealed with the chain key only" in out
+
+
+def test_an_unsigned_tombstone_of_a_task_from_before_tombstones_were_signed_still_verifies(acme, capsys):
+    task = task_with_history(acme, steps=1)
+    chain_key_tombstone(task)
+    delete_task(task)
+    with connection.cursor() as cursor:  # as if migration 0010 came after this task (an upgrade)
+        cursor.execute(
+            "UPDATE django_migrations SET applied = clock_timestamp() WHERE app = %s AND name = %s",
+            list(SIGNED_TOMBSTONES_MIGRATION),
+        )
+
+    ok, out = verify(capsys=capsys)
+    assert ok and "OK: 0 task chains verified" in out, out
 
 
 def test_a_real_tombstones_signature_copied_onto_a_forged_one_does_not_verify(acme, tmp_path, capsys):

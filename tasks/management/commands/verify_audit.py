@@ -5,8 +5,11 @@ keys in ``AUDIT_HMAC_KEYS``: its links (no unkeyed event since the chain was
 keyed), and that it is a valid path through the transition table
 (``tasks.audit_paths``: every move an edge its actor may take, the states
 linked, nothing after a terminal state but what the table allows, no decision
-without a request). Prints the first problem of each damaged task and exits 1
-if any; prints a one-line summary and exits 0 when every chain verifies.
+without a request). And, without ``--task``, every tombstone: its seal, and its
+anchor-key signature (``audit.verify.tombstone_problems``), so a task a
+chain-key holder deleted between two anchors is reported too. Prints the first
+problem of each damaged task and exits 1 if any; prints a one-line summary and
+exits 0 when every chain verifies.
 
 ``--against <anchor file or directory>`` (a directory means its newest
 anchor) also checks the database against an anchor written by
@@ -32,7 +35,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from audit.anchor import Checked, check_against, latest_anchor
-from audit.verify import keyed_since
+from audit.verify import keyed_since, tombstone_problems
 from tasks.audit_paths import verify_chain
 from tasks.models import Task
 
@@ -53,8 +56,14 @@ class Command(BaseCommand):
             for problem in check_against(anchor, checked):
                 self.stderr.write(f"BROKEN {problem}")
         chains, broken = self._verify_chains(task)
-        if broken or checked.problems:
+        stones = 0
+        for problem in tombstone_problems() if not task else ():
+            stones += 1
+            self.stderr.write(f"BROKEN {problem}")
+        if broken or stones or checked.problems:
             found = [f"{broken} of {chains} task chains are broken"] if broken else []
+            if stones:
+                found.append(f"{stones} tombstones do not hold up")
             if checked.problems:
                 found.append(f"{checked.problems} problems against anchor {anchor}")
             raise CommandError("; ".join(found))
