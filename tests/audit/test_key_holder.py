@@ -19,7 +19,6 @@ from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals.services import approval_decide
 from audit import canonical
 from audit.anchor import anchor_if_due, write_anchor
 from audit.chain import GENESIS, HASHED_FIELDS, OPTIONAL_HASHED_FIELDS, event_hash, keyed_hash
@@ -31,13 +30,6 @@ from tasks import retention
 from tasks.models import Task
 from tasks.states import ActorKind, State, Trigger
 from tasks.transitions import Actor, advance
-from tests.approvals.conftest import (  # noqa: F401 (sandbox: a fixture)
-    drive_to_approval,
-    fresh,
-    pending_request,
-    run,
-    sandbox,
-)
 from tests.audit.owner import delete_task, task_with_history, triggers_off
 from tests.conftest import make_task, progress
 from tests.security.test_retention import ended
@@ -330,23 +322,6 @@ def test_tasks_ended_every_way_retention_knows_verify_clean(acme, approver, caps
         ended(acme, state, 1, approver=approver)
     ok, out = verify(capsys=capsys)
     assert ok and "OK: 3 task chains verified" in out, out
-
-
-@pytest.mark.django_db(transaction=True)
-def test_refunds_approved_and_rejected_verify_clean(sandbox, acme, operator, approver, capsys):  # noqa: F811
-    """The approvals suite's builder, over real HTTP to the sandbox: one approved, one rejected, run on."""
-    for decision in ("approve", "reject"):
-        task = drive_to_approval(acme, operator)
-        request = pending_request(task)
-        approval_decide(
-            request, user=fresh(approver), decision=decision, digest_seen=request.digest, comment=""
-        )
-        run(task)
-    triggers = set(TransitionEvent.objects.values_list("trigger", flat=True))
-    assert {Trigger.REQUEST_APPROVAL, Trigger.APPROVAL_DECIDED} <= triggers
-    ok, out = verify(capsys=capsys)
-    assert ok and "OK: 2 task chains verified" in out, out
-    assert AnchorRequest.objects.filter(reason=Trigger.APPROVAL_DECIDED).count() == 2
 
 
 # --- The unanchored window ------------------------------------------------------------------------
