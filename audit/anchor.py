@@ -4,13 +4,30 @@ The keyed chain (``audit.chain``) stops anyone without ``AUDIT_HMAC_KEYS``
 from rewriting history, but a database owner who also holds that key (or
 simply deletes a task with its events, or truncates the log) is not stopped by
 anything inside the database. An anchor is what such an owner cannot reach: a
-file, written periodically (``manage.py audit_anchor``, beat every
-``AUDIT_ANCHOR_INTERVAL`` seconds) to ``AUDIT_ANCHOR_DIR``, listing for every
+file, written periodically (``manage.py audit_anchor``; beat polls
+``anchor_if_due`` every minute) to ``AUDIT_ANCHOR_DIR``, listing for every
 task its tenant, version and chain head, every tombstone, and per tenant the
 count of tasks and events. ``verify_audit --against <anchor>`` then finds a
 task whose anchored event no longer has the anchored hash (an edit, even with
 the chain recomputed under the real key), a task gone without a tombstone, and
-counts that went down (deletion, TRUNCATE).
+counts that went down (deletion, TRUNCATE). A task is accounted for only by a
+tombstone signed with the anchor key (``audit.tombstones``): the chain key,
+which every app process holds, cannot make one.
+
+How often: ``anchor_if_due`` writes an anchor when the newest one in the
+directory is ``AUDIT_ANCHOR_INTERVAL`` seconds old (default 900), or sooner
+when a consequential transition rang the doorbell since (an ``AnchorRequest``
+row: an approval decided, an effect committed to, a task completed or its
+outcome reconciled, a task deleted by retention; ``tasks.audit_paths``). The
+beat polls it every 60 seconds, so such a commit is anchored within about a
+minute and anything else within the interval. Until then, events are covered
+by the chain key only: a key holder can append to them (within the transition
+table) or delete them with an anchor-key-less tombstone that the next anchor
+does not account for. Whether the next anchor is due is read from the
+directory, not the database, so rows the database's owner plants cannot
+postpone it; deleting doorbell rows only falls back to the interval. Each run
+writes an ``AnchorRun`` row, which the console's integrity badge shows
+(display only: verification reads the signed files).
 
 File: JSON Lines, UTF-8. A header line, one line per task (keyset order of
 id), one per tombstone, one per tenant, and a last line with the signature.
@@ -49,15 +66,16 @@ from pathlib import Path
 from typing import IO, Any
 
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from audit.keys import anchor_public_keys, anchor_signing_key, chain_keys, fingerprint
-from audit.models import Tombstone, TransitionEvent
+from audit.models import AnchorRequest, AnchorRun, Tombstone, TransitionEvent
 from audit.tombstones import tombstone_problem
-from audit.verify import snapshot
+from audit.verify import keyed_since, snapshot
 
 FORMAT = "durable-agents/audit-anchor"
 FORMAT_VERSION = 1
@@ -65,6 +83,8 @@ SIGNED_PREFIX = b"durable-agents/audit-anchor/v1\n"
 CHUNK = 1000  # tasks per query, writing and verifying
 SUFFIX = ".jsonl"
 
+# What checks a tombstone: the chain keys by id, the anchor public keys by fingerprint (audit.keys).
+Keys = tuple[dict[str, bytes], dict[str, Ed25519PublicKey]]
 # The task model through our own foreign key: audit sits below tasks and does not import it.
 Task: Any = TransitionEvent._meta.get_field("task").related_model
 
@@ -181,6 +201,8 @@ def write_anchor(directory: Path | None = None, *, chunk: int = CHUNK) -> Writte
                     "created_at": _iso(created),
                     "signing_key": key,
                     "chain_key_ids": list(chain_keys()),
+                    # When the chain was keyed: moving it later would let unkeyed rewrites pass.
+                    "keyed_since": _iso(keyed) if (keyed := keyed_since()) else None,
                 }
             )
             with snapshot():
@@ -227,7 +249,39 @@ def write_anchor(directory: Path | None = None, *, chunk: int = CHUNK) -> Writte
     finally:
         temporary.unlink(missing_ok=True)
     _fsync_directory(directory)
+    AnchorRun.objects.create(created_at=created, name=final.name, tasks=written.tasks)
     return written
+
+
+def anchored_at(path: Path) -> datetime:
+    """When the anchor at ``path`` was taken, from its name (``anchor-<UTC timestamp>.jsonl``)."""
+    stamp = path.name.removeprefix("anchor-").removesuffix(SUFFIX)
+    return datetime.strptime(stamp, "%Y%m%dT%H%M%S%fZ").replace(tzinfo=UTC)
+
+
+def anchor_if_due(directory: Path | None = None, *, now: datetime | None = None) -> Written | None:
+    """Write an anchor if one is due (see the module's docstring); what was written, or None.
+
+    Due when the directory holds none, its newest is ``AUDIT_ANCHOR_INTERVAL`` seconds old, or a
+    doorbell rang. The doorbells read before the anchor's snapshot committed before it, so the
+    anchor covers them: exactly those are removed afterwards (one rung meanwhile stays for the
+    next poll).
+    """
+    directory = directory or anchor_dir()
+    now = now or timezone.now()
+    rung = list(AnchorRequest.objects.order_by("id").values_list("id", flat=True)[:CHUNK])
+    newest = latest_anchor(directory) if directory.is_dir() else None
+    interval = float(settings.AUDIT_ANCHOR_INTERVAL)
+    if not rung and newest is not None and (now - anchored_at(newest)).total_seconds() < interval:
+        return None
+    written = write_anchor(directory)
+    AnchorRequest.objects.filter(id__in=rung).delete()
+    return written
+
+
+def last_run() -> AnchorRun | None:
+    """The newest anchor the job recorded writing (for display: the console's integrity badge)."""
+    return AnchorRun.objects.order_by("-created_at").first()
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -315,11 +369,11 @@ def _records(path: Path) -> Iterator[dict[str, Any]]:
         previous = line  # the last one, the signature, is never yielded
 
 
-def _tombstone_excuses(record: dict[str, Any], stone: Tombstone | None, keys: dict[str, bytes]) -> str | None:
+def _tombstone_excuses(record: dict[str, Any], stone: Tombstone | None, keys: Keys) -> str | None:
     """Why ``stone`` does not account for the anchored task ``record``; None when it does."""
     if stone is None:
         return "no tombstone"
-    broken = tombstone_problem(stone, keys)
+    broken = tombstone_problem(stone, *keys)
     if broken:
         return broken
     if stone.tenant_id != record["tenant"]:
@@ -355,7 +409,7 @@ def _events_at(batch: list[dict[str, Any]]) -> dict[tuple[str, int], str]:
     return {(str(task_id), version): link for task_id, version, link in rows}
 
 
-def _check_tasks(batch: list[dict[str, Any]], keys: dict[str, bytes]) -> Iterator[str]:
+def _check_tasks(batch: list[dict[str, Any]], keys: Keys) -> Iterator[str]:
     ids = [record["task"] for record in batch]
     found = {
         str(row["id"]): row
@@ -397,6 +451,19 @@ def _check_tombstones(batch: list[dict[str, Any]]) -> Iterator[str]:
             yield f"tombstone of task {record['tombstone']}: differs from the anchored one"
 
 
+def _check_keyed_since(header: dict[str, Any]) -> Iterator[str]:
+    """The moment the chain was keyed, as the anchor recorded it, against the database's now."""
+    if "keyed_since" not in header:
+        return  # an anchor from before it was recorded
+    keyed = keyed_since()
+    now = _iso(keyed) if keyed else None
+    if now != header["keyed_since"]:
+        yield (
+            f"the chain was keyed at {header['keyed_since']} by the anchor, at {now} by the database now "
+            "(django_migrations edited: unkeyed events would pass as older history)"
+        )
+
+
 def _check_counts(anchored: dict[int, dict[str, int]]) -> Iterator[str]:
     with snapshot():
         now = tenant_counts()
@@ -434,7 +501,11 @@ def check_against(path: Path, checked: Checked, *, chunk: int = CHUNK) -> Iterat
         yield f"anchor {path}: {exc}"
         return
     checked.created_at = str(header.get("created_at", ""))
-    keys = chain_keys()
+    for problem in _check_keyed_since(header):
+        checked.problems += 1
+        yield problem
+    # The chain keys check a tombstone's older seal; only an anchor key may sign it.
+    keys: Keys = (chain_keys(), anchor_public_keys())
     tasks: list[dict[str, Any]] = []
     stones: list[dict[str, Any]] = []
     anchored_counts: dict[int, dict[str, int]] = {}

@@ -15,8 +15,12 @@ Events written before the chain was keyed have ``key_id == ""`` and keep
 their plain ``SHA-256(prev_hash || canonical JSON)``. A chain may go from
 legacy to keyed, never back: a legacy event after a keyed one is a break, so
 whoever rewrites the tail of a chain without the key cannot pass it off as
-old history. (A chain rewritten as legacy from its first event is caught by
-an anchor: ``audit.anchor``.)
+old history. And legacy events exist only from before the chain was keyed
+(``keyed_since``: when audit migration 0008 gave events a key id): a legacy
+event written since, or in the chain of a task created since, is a break. A
+task's creation time is read from its id (a UUIDv7, ``tasks.ids``), which the
+hashes cover and every row of the task refers to, so a rewrite cannot backdate
+it as it could the events' ``created_at``.
 
 Pure functions, no database and no settings: keys are passed in, so
 benchmarks and offline checks of an export use them outside Django.
@@ -29,6 +33,7 @@ import hashlib
 import hmac
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -88,6 +93,31 @@ def link_hash(prev_hash: str, fields: Mapping[str, Any], *, key_id: str, keys: M
     return keyed_hash(prev_hash, fields, keys[key_id])
 
 
+def created_at_of(task_id: UUID | str) -> datetime | None:
+    """When a task was created, from its UUIDv7 id (milliseconds); None for an id of another version."""
+    uuid = task_id if isinstance(task_id, UUID) else UUID(str(task_id))
+    if uuid.version != 7:
+        return None
+    return datetime.fromtimestamp((uuid.int >> 80) / 1000, tz=UTC)
+
+
+def _legacy_refused(task_id: UUID, event: Any, keyed_since: datetime | None) -> str | None:
+    """Why a legacy event cannot be genuine once the chain was keyed at ``keyed_since``; None if it can."""
+    if keyed_since is None:
+        return None
+    created = created_at_of(task_id)
+    if created is not None and created >= keyed_since:
+        return (
+            f"unkeyed (legacy) event in the chain of a task created {created:%Y-%m-%d %H:%M:%S} UTC, after "
+            f"the chain was keyed ({keyed_since:%Y-%m-%d %H:%M:%S} UTC)"
+        )
+    if event.created_at >= keyed_since:
+        return (
+            f"unkeyed (legacy) event written after the chain was keyed ({keyed_since:%Y-%m-%d %H:%M:%S} UTC)"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class BrokenLink:
     task_id: UUID
@@ -106,6 +136,7 @@ def verify_events(
     head: str,
     state_version: int,
     keys: Mapping[str, bytes] | None = None,
+    keyed_since: datetime | None = None,
 ) -> BrokenLink | None:
     """First broken link in ``events`` (ordered by version), or None.
 
@@ -113,22 +144,27 @@ def verify_events(
     so a deleted newest event is caught as well as an edited or missing one.
     ``keys`` maps key ids to secrets (``audit.keys.chain_keys``); without it
     only a wholly legacy chain can verify. An event without a ``key_id``
-    attribute (an old export) is legacy.
+    attribute (an old export) is legacy. ``keyed_since``: when the chain was
+    keyed (``audit.verify.keyed_since``); a legacy event after it, or in the
+    chain of a task created after it, is a break. None (an offline check of an
+    export, which does not know): legacy events are judged by their links alone.
     """
     keys = keys or {}
-    prev, expected_version, keyed_since = GENESIS, 1, None
+    prev, expected_version, keyed_from = GENESIS, 1, None  # keyed_from: the chain's first keyed version
     for event in events:
         key_id = getattr(event, "key_id", LEGACY) or LEGACY
         if event.state_version != expected_version:
             return BrokenLink(task_id, expected_version, f"missing event (found v{event.state_version} next)")
         if event.prev_hash != prev:
             return BrokenLink(task_id, event.state_version, "prev_hash does not match the previous event")
-        if key_id == LEGACY and keyed_since is not None:
+        if key_id == LEGACY and keyed_from is not None:
             return BrokenLink(
                 task_id,
                 event.state_version,
-                f"unkeyed (legacy) event after keyed v{keyed_since}: a chain never goes back to unkeyed",
+                f"unkeyed (legacy) event after keyed v{keyed_from}: a chain never goes back to unkeyed",
             )
+        if key_id == LEGACY and (refused := _legacy_refused(task_id, event, keyed_since)):
+            return BrokenLink(task_id, event.state_version, refused)
         if key_id != LEGACY and key_id not in keys:
             known = ", ".join(sorted(keys)) or "none"
             return BrokenLink(
@@ -140,8 +176,8 @@ def verify_events(
         expected = link_hash(prev, fields, key_id=key_id, keys=keys)
         if not hmac.compare_digest(expected.encode(), str(event.hash).encode()):
             return BrokenLink(task_id, event.state_version, "contents do not match the stored hash")
-        if key_id != LEGACY and keyed_since is None:
-            keyed_since = event.state_version
+        if key_id != LEGACY and keyed_from is None:
+            keyed_from = event.state_version
         prev, expected_version = event.hash, expected_version + 1
     if expected_version - 1 != state_version:
         return BrokenLink(task_id, None, f"log ends at v{expected_version - 1}, task is at v{state_version}")

@@ -8,6 +8,9 @@ with it, which binds that checkpoint to the chain. ``LeaseTakeover``: one row
 each time a worker claims a task whose lease lapsed in another worker's hands.
 ``Tombstone``: a task retention deleted, with the head its chain had, so an
 anchor that listed the task still accounts for it (``audit.anchor``).
+``AnchorRequest`` and ``AnchorRun``: the anchor job's doorbell (a consequential
+transition asks for an anchor soon) and its record of the anchors it wrote
+(what the console's integrity badge shows); operational rows, not evidence.
 
 On PostgreSQL, triggers (migration 0009) refuse UPDATE, DELETE and TRUNCATE on
 all three; only the owner role's retention path may delete (README, "Database
@@ -95,9 +98,11 @@ class Tombstone(models.Model):
 
     Not a foreign key: the task is gone. ``state_version`` is also the number
     of events deleted with it (a chain holds v1..vN), so per-tenant counts in an
-    anchor stay comparable after retention. ``key_id`` and ``mac`` seal the row
-    with the chain key (``audit.tombstones``), so a tombstone cannot be planted
-    to excuse a task deleted by hand without that key.
+    anchor stay comparable after retention. ``signing_key`` and ``signature``:
+    Ed25519 by the anchor signing key (``audit.tombstones``), which the
+    application and whoever holds the chain key do not have, so a tombstone
+    cannot be planted to excuse a task deleted by hand. ``key_id`` and ``mac``
+    are the older seal with the chain key, kept on every row (not enough alone).
     """
 
     task_id = models.UUIDField(unique=True)  # one per task; also the index verify reads by
@@ -109,6 +114,41 @@ class Tombstone(models.Model):
     reason = models.CharField(max_length=200)
     key_id = models.CharField(max_length=32)
     mac = models.CharField(max_length=64)
+    # Fingerprint of the anchor key that signed it, and the signature (base64); "" on tombstones
+    # written before they were signed, which no longer account for an anchored task.
+    signing_key = models.CharField(max_length=16, blank=True, default="")
+    signature = models.CharField(max_length=88, blank=True, default="")
 
     def __str__(self) -> str:
         return f"tombstone {self.task_id} v{self.state_version} ({self.reason})"
+
+
+class AnchorRequest(models.Model):
+    """A doorbell: something consequential committed, so the anchor job anchors at its next poll.
+
+    Inserted in the transaction it is about (``tasks.audit_paths.ring_after``, retention), so
+    it exists exactly when that commit does; deleted by the anchor job once an anchor covers it
+    (``audit.anchor.anchor_if_due``). Insert-only while pending: no row is contended.
+    """
+
+    requested_at = models.DateTimeField()
+    reason = models.CharField(max_length=64)  # the trigger, or "retention"
+    task_id = models.UUIDField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"anchor requested {self.requested_at:%Y-%m-%d %H:%M:%S} ({self.reason})"
+
+
+class AnchorRun(models.Model):
+    """One anchor the job wrote: when, its file name, how many tasks. Shown by the integrity badge.
+
+    A display of the unanchored window, not evidence: ``verify_audit --against`` reads the
+    signed files themselves.
+    """
+
+    created_at = models.DateTimeField(db_index=True)
+    name = models.CharField(max_length=100)
+    tasks = models.PositiveBigIntegerField()
+
+    def __str__(self) -> str:
+        return self.name

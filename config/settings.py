@@ -240,6 +240,9 @@ AUDIT_HMAC_KEYS = env.str("AUDIT_HMAC_KEYS", default="")
 AUDIT_ANCHOR_KEY = env.str("AUDIT_ANCHOR_KEY", default="")
 AUDIT_ANCHOR_PUBLIC_KEYS = env.list("AUDIT_ANCHOR_PUBLIC_KEYS", default=[])
 AUDIT_ANCHOR_DIR = Path(env.str("AUDIT_ANCHOR_DIR", default=str(VAR_DIR / "anchors")))
+# The longest an event goes unanchored (seconds): an anchor is written once the newest is this old,
+# and within a minute of a consequential transition (audit.anchor.anchor_if_due).
+AUDIT_ANCHOR_INTERVAL = env.float("AUDIT_ANCHOR_INTERVAL", default=900.0)
 # Retention (tasks/retention.py; README, "Retention"): days after a task ended until its sealed values
 # are erased (archive) and until it is deleted with a tombstone, where no RetentionPolicy of its tenant
 # says otherwise; 0: never. Deleting needs the database owner role (README, "Database roles").
@@ -366,7 +369,8 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": env.float("RECONCILE_INTERVAL", default=10.0),
     },
     # Signed chain heads written outside the database (audit.anchor; README, "Tamper evidence").
-    "audit-anchor": {"task": "audit.anchor", "schedule": env.float("AUDIT_ANCHOR_INTERVAL", default=3600.0)},
+    # Polled every minute: writes one when AUDIT_ANCHOR_INTERVAL has passed or a doorbell rang.
+    "audit-anchor": {"task": "audit.anchor_if_due", "schedule": 60.0},
     # Raise and clear alerts for tasks with no valid next event coming (runtime/alerts.py).
     "alerts-scan": {
         "task": "runtime.alerts_scan",

@@ -1,8 +1,9 @@
 """Audit pages: search the transition log, one task's whole history and its integrity, exports.
 
 Read-only for everyone. Reads go through ``audit.selectors`` (keyset pages,
-never an unbounded query); the integrity badge is ``audit.verify.verify_task``,
-the very check ``manage.py verify_audit`` runs. Exports stream page by page
+never an unbounded query); the integrity badge is ``tasks.audit_paths.verify_chain``,
+the very check ``manage.py verify_audit`` runs, with how long ago the last anchor
+was taken: events since are covered by the chain key only. Exports stream page by page
 (``audit.export``) with every field the chain hashes, so they verify offline.
 """
 
@@ -22,9 +23,10 @@ from django.views.decorators.http import require_safe
 
 from audit import export
 from audit import selectors as audit_selectors
-from audit.verify import verify_task
+from audit.anchor import last_run
 from console.access import AUDIT_ROLES, get_task_for_auditing, tenant_ids_or_403
 from tasks import registry
+from tasks.audit_paths import verify_chain
 from tasks.states import State, Trigger
 
 PAGE = 50
@@ -78,12 +80,25 @@ def task_history(request: HttpRequest, task_id: UUID) -> HttpResponse:
         "task": task,
         "page": audit_selectors.task_events(task.id, after_version=after, limit=HISTORY_PAGE),
         "earlier": max(after - HISTORY_PAGE, 0) if after else None,
-        "broken": verify_task(task),  # the same check as manage.py verify_audit
+        "broken": verify_chain(task),  # the same check as manage.py verify_audit
+        "anchored": _anchored(task),
         "takeovers": audit_selectors.task_takeovers(task.id, limit=TAKEOVERS_SHOWN),
         "takeovers_shown": TAKEOVERS_SHOWN,
         "tz": timezone.get_current_timezone_name(),
     }
     return render(request, "console/audit/task.html", context)
+
+
+def _anchored(task: Any) -> dict[str, Any] | None:
+    """The last anchor's age for the badge, and whether this task changed since (None: never anchored)."""
+    run = last_run()
+    if run is None:
+        return None
+    return {
+        "at": run.created_at,
+        "minutes": int((timezone.now() - run.created_at).total_seconds() // 60),
+        "after": task.updated_at > run.created_at,
+    }
 
 
 @require_safe

@@ -33,12 +33,15 @@ digest, so they stay: removing them would break the chain the anchors vouch for.
 
 Deleting a task removes it with every row that refers to it (found the same way, deepest first)
 in one transaction per batch on the owner's retention path (``audit.tombstones.retention_path``),
-after inserting a sealed ``Tombstone`` per task with its last version and chain head, so anchors
-taken before the deletion still verify and the next anchor lists the tombstone. Only the
-database owner may do that (README, "Database roles"): connected as the application's role,
-a run archives and reports the deletions due as awaiting the owner. A task that a surviving task
-reruns or descends from (``rerun_of``, ``parent``) is kept until that task goes too; tasks that
-go together go in one transaction.
+after inserting a ``Tombstone`` per task with its last version and chain head, signed with the
+anchor key (``AUDIT_ANCHOR_KEY``: a deletion runs only where that key is, never in the app), so
+anchors taken before the deletion still verify and the next anchor — asked for at once, by an
+``AnchorRequest`` — lists the tombstone. Only the database owner may do that (README, "Database
+roles"): connected as the application's role, a run archives and reports the deletions due as
+awaiting the owner. A task whose chain does not verify (links and path, ``tasks.audit_paths``)
+is never deleted: its evidence stays, and no signature vouches for it. A task that a surviving
+task reruns or descends from (``rerun_of``, ``parent``) is kept until that task goes too; tasks
+that go together go in one transaction.
 
 A run is idempotent (an archived task is not archived again; a deleted one is gone), and the
 dry run and the real run share every decision (``plan_batch``); the real run re-checks each
@@ -47,6 +50,7 @@ under the row lock before acting.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator
@@ -62,14 +66,17 @@ from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from audit.models import Tombstone
+from audit.models import AnchorRequest, Tombstone
 from audit.tombstones import make_tombstone, retention_path
+from audit.verify import keyed_since
 from tasks import checkpoints, registry, sealing, services
+from tasks.audit_paths import verify_chain
 from tasks.exceptions import TaskNotFound
 from tasks.models import Archive, Checkpoint, ExternalEvent, LegalHold, RetentionPolicy, Task
 from tasks.states import TERMINAL
 from tenancy.models import Tenant
 
+log = logging.getLogger(__name__)
 ARCHIVE, DELETE = "archive", "delete"
 ERASED_ENVELOPE = {sealing.MARK: sealing.ERASED, sealing.TOKEN: ""}
 SEALED_TEXT = f'"{sealing.MARK}"'
@@ -517,7 +524,8 @@ def delete_tasks(ids: Collection[UUID], rules: TenantRules, now: datetime) -> in
             if task.pk not in held
             and verdict(rules.rule(task.task_type), task.state_entered_at, archived=True, now=now) == DELETE
         }
-        going = _unreferenced(set(due))
+        keyed = keyed_since()
+        going = _unreferenced({task_id for task_id, task in due.items() if _verifies(task, keyed)})
         if not going:
             return 0
         Tombstone.objects.bulk_create(
@@ -532,8 +540,20 @@ def delete_tasks(ids: Collection[UUID], rules: TenantRules, now: datetime) -> in
             )
             for task in (due[task_id] for task_id in sorted(going))
         )
+        AnchorRequest.objects.create(requested_at=now, reason="retention")  # anchor the tombstones soon
         _delete_rows(sorted(going))
     return len(going)
+
+
+def _verifies(task: Task, keyed: datetime | None) -> bool:
+    """Whether ``task``'s chain verifies, so that a signed tombstone may vouch for it (else kept)."""
+    broken = verify_chain(task, keyed=keyed)
+    if broken is not None:
+        log.warning(
+            "not deleting a task whose audit chain is broken",
+            extra={"task_id": str(task.pk), "broken": str(broken)},
+        )
+    return broken is None
 
 
 def _why_deleted(task: Task, rule: Rule) -> str:

@@ -28,7 +28,7 @@ from audit.models import TransitionEvent
 from audit.redaction import redact
 from ledger import integrity
 from ledger.models import Action
-from tasks import checkpoints, hotpath, metrics, registry, sealing
+from tasks import audit_paths, checkpoints, hotpath, metrics, registry, sealing
 from tasks.exceptions import LeaseLost, StaleEpoch, StaleVersion, TaskNotFound, TransitionNotAllowed
 from tasks.leases import Held
 from tasks.models import CancelRequest, CancelScope, Checkpoint, ExternalEvent, Task
@@ -570,6 +570,7 @@ def _advance(
                     raise LeaseLost(f"lease #{lease.token} on task {task.pk} is no longer held", **now_at)
                 raise StaleVersion(f"task moved on from version {expected_version}", **now_at)
             _write_history(event, checkpoint, rows, records)
+            audit_paths.ring_after(task, edge.trigger, rows)  # an anchor soon after a consequential commit
             for write in also:
                 write()
             ended = to_state in TERMINAL and from_state not in TERMINAL

@@ -20,6 +20,7 @@ from audit.keys import encode_private, encode_public
 from audit.models import Tombstone
 from audit.tombstones import make_tombstone, retention_path
 from audit.workers import anchor as anchor_task
+from audit.workers import anchor_if_due as anchor_if_due_task
 from tasks.models import Task
 from tasks.states import State
 from tasks.transitions import Actor, advance
@@ -99,7 +100,8 @@ def test_an_anchor_reads_tasks_in_keyset_chunks_and_misses_none(
     acme, tmp_path, django_assert_max_num_queries
 ):
     made = {str(make_task(acme).id) for _ in range(7)}
-    with django_assert_max_num_queries(4 + 3 + 2):  # 4 task chunks of 2, tombstones, 3 counts, margin
+    # 4 task chunks of 2, tombstones, 3 counts; the snapshot, when the chain was keyed, the run's row
+    with django_assert_max_num_queries(4 + 1 + 3 + 3):
         written = write_anchor(tmp_path, chunk=2)
     listed = [r["task"] for r in lines(written.path) if "task" in r]
     assert set(listed) == made and listed == sorted(listed)
@@ -125,8 +127,9 @@ def test_the_command_and_the_beat_task_write_to_the_anchor_directory(acme, tmp_p
     assert "1 tasks, 0 tombstones, 1 tenants" in capsys.readouterr().out
     written = anchor_task()
     assert written.startswith(str(tmp_path)) and len(list(tmp_path.glob("anchor-*.jsonl"))) == 2
-    entry = django_settings.CELERY_BEAT_SCHEDULE["audit-anchor"]
-    assert entry["task"] == anchor_task.name == "audit.anchor"
+    entry = django_settings.CELERY_BEAT_SCHEDULE["audit-anchor"]  # beat polls; anchors when due
+    assert entry["task"] == anchor_if_due_task.name == "audit.anchor_if_due"
+    assert entry["schedule"] < django_settings.AUDIT_ANCHOR_INTERVAL
 
 
 # --- Verifying against it ---------------------------------------------------------------------

@@ -1,8 +1,10 @@
-"""manage.py audit_anchor [--dir DIR] : write a signed anchor of every chain head (``audit.anchor``).
+"""manage.py audit_anchor [--dir DIR] [--if-due] : write a signed anchor of every chain head.
 
-Prints the new file's path and what it holds. Beat runs the same function
-every ``AUDIT_ANCHOR_INTERVAL`` seconds (``audit.workers.anchor``).
-``--generate-key`` prints a new Ed25519 key pair for ``AUDIT_ANCHOR_KEY`` /
+Writes one with ``audit.anchor.write_anchor`` and prints the new file's path and
+what it holds. ``--if-due``: only when one is due (``AUDIT_ANCHOR_INTERVAL``
+passed since the newest, or a consequential transition asked for one), what
+beat polls every minute (``audit.workers.anchor_if_due``); for a cron job
+instead of beat. ``--generate-key`` prints a new Ed25519 key pair for ``AUDIT_ANCHOR_KEY`` /
 ``AUDIT_ANCHOR_PUBLIC_KEYS`` and writes nothing.
 """
 
@@ -15,7 +17,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.management.base import BaseCommand
 
-from audit.anchor import write_anchor
+from audit.anchor import anchor_if_due, write_anchor
 from audit.keys import encode_private, encode_public, fingerprint
 
 
@@ -25,15 +27,21 @@ class Command(BaseCommand):
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--dir", type=Path, default=None, help="Directory (default AUDIT_ANCHOR_DIR)")
         parser.add_argument("--generate-key", action="store_true", help="Print a new signing key pair")
+        parser.add_argument(
+            "--if-due", action="store_true", help="Only if the interval passed or one was asked for"
+        )
 
-    def handle(self, *args: Any, dir: Path | None, generate_key: bool, **options: Any) -> None:
+    def handle(self, *args: Any, dir: Path | None, generate_key: bool, if_due: bool, **options: Any) -> None:
         if generate_key:
             private = Ed25519PrivateKey.generate()
             self.stdout.write(f"AUDIT_ANCHOR_KEY={encode_private(private)}")
             self.stdout.write(f"# public key {fingerprint(private.public_key())}, for verifying hosts:")
             self.stdout.write(f"AUDIT_ANCHOR_PUBLIC_KEYS={encode_public(private.public_key())}")
             return
-        written = write_anchor(dir)
+        written = anchor_if_due(dir) if if_due else write_anchor(dir)
+        if written is None:
+            self.stdout.write("not due: the newest anchor is recent and nothing asked for one")
+            return
         self.stdout.write(
             f"{written.path}: {written.tasks} tasks, {written.tombstones} tombstones, "
             f"{written.tenants} tenants"
