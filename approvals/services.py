@@ -385,10 +385,12 @@ class Retarget:
     def note(self) -> str:
         """What the escalation's audit event says happened to the request."""
         before = self.request.approver_role
+        barred = f"; {self.by} may not decide it" if self.by else ""
         if self.role == before:
-            return f"approval request {self.request.id} stays with the {before} role"
+            return f"approval request {self.request.id} stays with the {before} role{barred}"
         return (
             f"approval request {self.request.id} re-targeted from the {before} role to the {self.role} role"
+            f"{barred}"
         )
 
     def apply(self, waiting_version: int) -> None:

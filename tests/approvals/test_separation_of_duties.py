@@ -21,10 +21,12 @@ import pytest
 from django.test import Client
 
 from approvals.models import ApprovalRequest, ApprovalStatus
+from audit.models import TransitionEvent
 from demo.sandbox.models import Effect
 from runtime import runner
 from tasks.models import Task
-from tasks.states import State
+from tasks.states import ActorKind, State
+from tasks.transitions import Actor
 from tenancy.models import Role
 from tests.conftest import api_client_for, make_task, make_user
 from tests.lifecycle.booking import GUARDED, booking_types, canceled_booking, sandbox
@@ -202,6 +204,10 @@ def test_an_admin_who_escalates_a_payment_to_admins_cannot_approve_it(acme, oper
     control(admin_user, task, "escalate", escalate_to="admin")
     request.refresh_from_db()
     assert request.approver_role == "admin"
+    assert (
+        f"user:{admin_user.username} may not decide it"
+        in TransitionEvent.objects.get(task=task, trigger="escalate").reason
+    )
     assert str(request.pk) not in inbox(admin_user)
     response = decide(admin_user, request)
     assert response.status_code == 403, response.content
@@ -223,6 +229,25 @@ def test_an_escalation_before_the_request_is_raised_bars_the_escalator_too(acme,
     request = pending(run(Task.objects.get(pk=task.pk)))
     response = decide(both, request)
     assert (response.status_code, response.json()["code"]) == (403, "caused_this_request")
+
+
+def test_whoever_starts_a_task_on_someone_elses_behalf_cannot_approve_it(acme, operator, both, approver):
+    """The hook for every start path (an A2A endpoint, an agent adapter): the starter is the creation
+    event's actor, whoever owns the task."""
+    invoice = {"invoice_id": "INV-9", "amount": "7500.00", "currency": "USD"}
+    started = make_task(
+        acme,
+        task_type="pay_invoice",
+        objective="Pay INV-9",
+        input=invoice,
+        owner=operator,
+        actor=Actor.user(both, ActorKind.INTEGRATOR),
+    )
+    request = pending(run(started))
+    response = decide(both, request)
+    assert (response.status_code, response.json()["code"]) == (403, "caused_this_request")
+    assert "you started this task" in response.json()["detail"]
+    assert str(request.pk) not in inbox(both) and str(request.pk) in inbox(approver)
 
 
 def test_who_released_a_quarantined_payment_cannot_approve_it(acme, operator, both, approver):
