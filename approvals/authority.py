@@ -101,7 +101,7 @@ def _start_cause(task: Task) -> Cause:
 def causes(task: Task, action_step: str) -> dict[str, list[str]]:
     """Who caused a request for ``action_step`` of ``task`` to be asked for, and why (``Barred``'s JSON).
 
-    Three queries besides the lineage: the people's events (creation, escalations, releases) and
+    Two queries besides the lineage's: the people's events (creations, escalations, releases) and
     the earlier decisions for the same action step, over every task of the lineage.
     """
     tasks = lineage(task)
@@ -147,9 +147,10 @@ def with_cause(request: ApprovalRequest, actor: str, cause: Cause) -> dict[str, 
 
 def barred(request: ApprovalRequest) -> dict[str, list[Cause]]:
     """Everyone ``request`` names as not deciding it, with why (its requester always among them:
-    a request written before the column was kept holds only ``requested_by``)."""
+    a request written before the column was kept holds only ``requested_by``; a task without an
+    owner is its own requester, ``task:<id>``, which is nobody's actor id)."""
     recorded = Barred.model_validate(request.barred or {}).root
-    found = {request.requested_by: [Cause.REQUESTED]}
+    found = {request.requested_by: [Cause.REQUESTED]} if request.requested_by.startswith("user:") else {}
     for actor, listed in recorded.items():
         found.setdefault(actor, [])
         found[actor] += [cause for cause in listed if cause not in found[actor]]
@@ -157,7 +158,7 @@ def barred(request: ApprovalRequest) -> dict[str, list[Cause]]:
 
 
 def why(causes: Iterable[Cause]) -> str:
-    """ "reran this task, escalated it": the causes as one phrase."""
+    """The causes as one phrase: ``reran this task, escalated it``."""
     return ", ".join(Cause(cause).label for cause in causes)
 
 

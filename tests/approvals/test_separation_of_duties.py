@@ -198,6 +198,25 @@ def test_the_earlier_decider_is_refused_on_a_rerun_whoever_reran_it(acme, operat
     assert decide(approver2, pending(again)).status_code == 200
 
 
+def test_every_generation_of_reruns_counts_two_reruns_back(acme, operator, approver, approver2, both):
+    task = payment(acme, operator, "7500.00")
+    assert decide(approver, pending(task), "reject").status_code == 200
+    first = rerun(operator, run(task))
+    assert decide(approver2, pending(first), "reject").status_code == 200
+    second = rerun(both, run(first))
+    request = pending(second)
+    codes = {user.username: decide(user, request).json().get("code") for user in (approver, approver2, both)}
+    assert codes == {
+        approver.username: "decided_before",
+        approver2.username: "decided_before",
+        both.username: "caused_this_request",
+    }
+    assert inbox(approver) == inbox(approver2) == inbox(both) == []
+    third = make_user("acme-approver3", acme, Role.APPROVER)
+    assert decide(third, request).status_code == 200
+    assert run(second).state == State.COMPLETED and paid() == 1
+
+
 def test_an_admin_who_escalates_a_payment_to_admins_cannot_approve_it(acme, operator, admin_user):
     task = payment(acme, operator, "6000.00")
     request = pending(task)
