@@ -33,7 +33,7 @@ from typing import Any
 
 from django.db import models
 from django.db.models import Q
-from pydantic import RootModel
+from pydantic import RootModel, ValidationError
 
 from approvals.models import ApprovalDecision, ApprovalRequest, Decision
 from audit.models import TransitionEvent
@@ -44,6 +44,7 @@ from tasks.states import ActorKind, Trigger
 SELF_APPROVAL = "self_approval"  # the requester
 DECIDED_BEFORE = "decided_before"  # decided an earlier request for the same action
 CAUSED_THIS_REQUEST = "caused_this_request"  # started, reran, compensated, escalated or released it
+UNREADABLE = "separation_unreadable"  # the recorded set is not of its schema: nobody may decide
 
 
 class Cause(models.TextChoices):
@@ -136,11 +137,22 @@ def causes(task: Task, action_step: str) -> dict[str, list[str]]:
     return checked
 
 
-def with_cause(request: ApprovalRequest, actor: str, cause: Cause) -> dict[str, list[str]]:
+def _recorded(request: ApprovalRequest) -> Barred | None:
+    """``request.barred`` read with its schema; None when it does not fit (altered outside the app)."""
+    try:
+        return Barred.model_validate(request.barred or {})
+    except ValidationError:
+        return None
+
+
+def with_cause(request: ApprovalRequest, actor: str, cause: Cause) -> Any:
     """``request.barred`` with ``actor`` added for ``cause`` (what ``Retarget.apply`` writes); as it
-    is for no actor ("": a sweep)."""
-    barred: dict[str, list[str]] = Barred.model_validate(request.barred or {}).model_dump(mode="json")
-    if actor and cause.value not in barred.setdefault(actor, []):
+    is for no actor ("": a sweep) or when it cannot be read (it then keeps refusing everyone)."""
+    recorded = _recorded(request)
+    if recorded is None or not actor:
+        return request.barred
+    barred: dict[str, list[str]] = recorded.model_dump(mode="json")
+    if cause.value not in barred.setdefault(actor, []):
         barred[actor].append(cause.value)
     return barred
 
@@ -149,7 +161,7 @@ def barred(request: ApprovalRequest) -> dict[str, list[Cause]]:
     """Everyone ``request`` names as not deciding it, with why (its requester always among them:
     a request written before the column was kept holds only ``requested_by``; a task without an
     owner is its own requester, ``task:<id>``, which is nobody's actor id)."""
-    recorded = Barred.model_validate(request.barred or {}).root
+    recorded = (_recorded(request) or Barred({})).root
     found = {request.requested_by: [Cause.REQUESTED]} if request.requested_by.startswith("user:") else {}
     for actor, listed in recorded.items():
         found.setdefault(actor, [])
@@ -166,8 +178,15 @@ def refusal(user: Any, request: ApprovalRequest) -> tuple[str, str] | None:
     """``(code, message)`` when ``user`` may not decide ``request`` for separation of duties, else None.
 
     ``self_approval`` for its requester, ``decided_before`` for an earlier decider, else
-    ``caused_this_request``; the message names every cause that applies.
+    ``caused_this_request``; the message names every cause that applies. Everyone is refused
+    (``separation_unreadable``) when the recorded set does not fit its schema: who may decide
+    cannot be told, so nobody does.
     """
+    if _recorded(request) is None:
+        return UNREADABLE, (
+            "Who may not decide this request cannot be read (its record was altered), "
+            "so nobody may decide it (separation of duties)."
+        )
     found = barred(request).get(actor_id(user))
     if not found:
         return None

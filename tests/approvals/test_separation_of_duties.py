@@ -18,6 +18,7 @@ import json
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.test import Client
 
 from approvals.models import ApprovalRequest, ApprovalStatus
@@ -295,3 +296,19 @@ def test_who_starts_a_compensation_run_cannot_approve_it(booking_types, acme, op
     assert (response.status_code, response.json()["code"]) == (403, "self_approval")
     assert "you started this compensation run" in response.json()["detail"]
     assert decide(approver, request).status_code == 200
+
+
+def test_a_request_whose_barred_set_was_altered_refuses_everyone_with_a_403(acme, operator, approver):
+    """An SQL ``UPDATE`` that breaks the recorded set cannot open the request to anyone (nor 500)."""
+    request = pending(payment(acme, operator, "7500.00"))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE approvals_approvalrequest SET barred = %s WHERE id = %s", ['["nobody"]', request.pk]
+        )
+    response = decide(approver, request)
+    assert (response.status_code, response.json()["code"]) == (403, "separation_unreadable")
+    console = Client()
+    console.force_login(approver)
+    assert console.get(f"/console/approvals/{request.pk}/").status_code == 200
+    assert api_client_for(approver).get(f"/api/approvals/{request.pk}/").status_code == 200
+    assert paid() == 0
