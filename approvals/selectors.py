@@ -30,6 +30,7 @@ from approvals.models import (
     ApprovalRequestGroupPermission,
     ApprovalRequestUserPermission,
     ApprovalStatus,
+    Decision,
 )
 from config.external import path_segment, public_url
 from tasks import sealing
@@ -299,6 +300,11 @@ class Separation:
     earlier: list[EarlierDecision]
     may_not_decide: list[MayNotDecide]
     refusal: str  # why the viewing user may not decide it ("" when that rule does not stop them)
+
+    @property
+    def overrides_rejection(self) -> bool:
+        """Approving it would override an earlier rejection of the same action."""
+        return any(made.decision == Decision.REJECT for made in self.earlier)
 
 
 def separation(request: ApprovalRequest, user: Any = None) -> Separation:

@@ -170,6 +170,7 @@ def test_the_console_request_page_shows_the_earlier_rejection_and_why_the_rerunn
     page = console.get(f"/console/approvals/{request.pk}/").content.decode()
     assert 'id="earlier-decisions"' in page
     assert "not on the vendor list" in page and approver.username in page
+    assert "Approving this request overrides a rejection" in page
     assert 'name="decision" value="approve"' in page  # the third approver may decide
     console.force_login(both)
     page = console.get(f"/console/approvals/{request.pk}/").content.decode()
