@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from approvals import selectors as approval_selectors
@@ -367,3 +368,45 @@ class ApprovalOut(serializers.ModelSerializer):
             "comment": made.comment,
             "at": made.decided_at,
         }
+
+
+class EarlierDecisionOut(serializers.Serializer):
+    request = serializers.UUIDField(source="request_id")
+    task = serializers.UUIDField(source="task_id")
+    decision = serializers.CharField()
+    by = serializers.CharField()
+    at = serializers.DateTimeField()
+    comment = serializers.CharField()
+
+
+class MayNotDecideOut(serializers.Serializer):
+    actor = serializers.CharField(help_text="user:<username>")
+    why = serializers.CharField(help_text='"reran this task, escalated it"')
+
+
+class ApprovalDetailOut(ApprovalOut):
+    """One request with its separation of duties (``approvals.selectors.separation``, as its console
+    page shows it): the earlier decisions for the same action on this task or one it reruns (a
+    rejection a rerun asks to override), and who may not decide it and why."""
+
+    earlier_decisions = serializers.SerializerMethodField()
+    may_not_decide = serializers.SerializerMethodField()
+
+    class Meta(ApprovalOut.Meta):
+        fields = [*ApprovalOut.Meta.fields, "earlier_decisions", "may_not_decide"]
+        read_only_fields = fields
+
+    def _separation(self, request: ApprovalRequest) -> approval_selectors.Separation:
+        # Read once per request for both fields (each is a method field).
+        read: dict[Any, approval_selectors.Separation] = self.__dict__.setdefault("_separations", {})
+        if request.pk not in read:
+            read[request.pk] = approval_selectors.separation(request)
+        return read[request.pk]
+
+    @extend_schema_field(EarlierDecisionOut(many=True))
+    def get_earlier_decisions(self, request: ApprovalRequest) -> list[Any]:
+        return list(EarlierDecisionOut(self._separation(request).earlier, many=True).data)
+
+    @extend_schema_field(MayNotDecideOut(many=True))
+    def get_may_not_decide(self, request: ApprovalRequest) -> list[Any]:
+        return list(MayNotDecideOut(self._separation(request).may_not_decide, many=True).data)

@@ -48,6 +48,10 @@ class ApprovalRequest(models.Model):
     requested_by = models.CharField(
         max_length=200
     )  # actor id of whoever wants the action: never its approver
+    # Everyone who caused this request to be asked for, none of whom may decide it, with why:
+    # actor id -> causes (schema ``approvals.authority.Barred``). Written when it is raised,
+    # extended when an escalation hands it on; read by the decision and by the inbox.
+    barred = models.JSONField(default=dict)
     allowed_decisions = models.JSONField(default=list)
     expires_at = models.DateTimeField()
     status = models.CharField(max_length=16, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING)

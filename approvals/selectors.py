@@ -23,11 +23,14 @@ from django.db.models.expressions import RawSQL
 from django.http import Http404
 from django.utils import timezone
 
+from approvals import authority
 from approvals.models import (
+    ApprovalDecision,
     ApprovalRequest,
     ApprovalRequestGroupPermission,
     ApprovalRequestUserPermission,
     ApprovalStatus,
+    Decision,
 )
 from config.external import path_segment, public_url
 from tasks import sealing
@@ -90,14 +93,15 @@ def decidable(user: Any) -> Q:
 
     The request's ``approver_role`` held in its tenant, the ``decide`` object
     permission (granted to the user or to one of their groups; superusers hold
-    every permission, as ``user.has_perm`` says), and not their own request.
+    every permission, as ``user.has_perm`` says), and not a request that names
+    them as one who caused it (``approvals.authority.not_barred``).
     """
     by_role = Q(pk__in=[])  # no roles: nothing (and no query at all)
     for tenant_id, held in roles_by_tenant(user).items():
         by_role |= Q(tenant_id=tenant_id, approver_role__in=sorted(held))
     if not user.is_authenticated:
         return by_role
-    condition = by_role & ~Q(requested_by=f"user:{user.get_username()}")
+    condition = by_role & authority.not_barred(user)
     if user.is_superuser:
         return condition
     app_label, codename = DECIDE.split(".")
@@ -267,6 +271,74 @@ def earlier_request(request: ApprovalRequest) -> ApprovalRequest | None:
         .select_related("decision__decided_by")
         .order_by("-created_at")
         .first()
+    )
+
+
+@dataclass(frozen=True)
+class EarlierDecision:
+    """A decision on an earlier request for the same action, on this task or one it reruns."""
+
+    request_id: UUID
+    task_id: UUID
+    decision: str  # "approve" / "reject"
+    by: str  # the decider's username
+    at: datetime
+    comment: str
+
+
+@dataclass(frozen=True)
+class MayNotDecide:
+    actor: str  # actor id, ``user:<username>``
+    why: str  # "reran this task, escalated it"
+
+
+@dataclass(frozen=True)
+class Separation:
+    """Separation of duties on one request, as its page and ``GET /api/approvals/{id}/`` show it:
+    the earlier decisions it overrides or repeats, and who may not decide it and why."""
+
+    earlier: list[EarlierDecision]
+    may_not_decide: list[MayNotDecide]
+    refusal: str  # why the viewing user may not decide it ("" when that rule does not stop them)
+
+    @property
+    def overrides_rejection(self) -> bool:
+        """Approving it would override an earlier rejection of the same action."""
+        return any(made.decision == Decision.REJECT for made in self.earlier)
+
+
+def separation(request: ApprovalRequest, user: Any = None) -> Separation:
+    """The earlier decisions for ``request``'s action on its lineage (oldest first), and whom it bars.
+
+    A fixed number of queries: the lineage (one per generation) and the decisions.
+    """
+    tasks = [task.pk for task in authority.lineage(request.task)]
+    decisions = (
+        ApprovalDecision.objects.filter(
+            request__task_id__in=tasks,
+            request__action_step=request.action_step,
+            request__created_at__lt=request.created_at,
+        )
+        .select_related("request", "decided_by")
+        .order_by("decided_at", "id")
+    )
+    refused = authority.refusal(user, request) if user is not None and user.is_authenticated else None
+    return Separation(
+        earlier=[
+            EarlierDecision(
+                request_id=made.request_id,
+                task_id=made.request.task_id,
+                decision=made.decision,
+                by=made.decided_by.get_username(),
+                at=made.decided_at,
+                comment=made.comment,
+            )
+            for made in decisions
+        ],
+        may_not_decide=[
+            MayNotDecide(actor, authority.why(causes)) for actor, causes in authority.barred(request).items()
+        ],
+        refusal=refused[1] if refused else "",
     )
 
 

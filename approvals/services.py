@@ -8,7 +8,11 @@
 - ``gate`` — before the approved action runs: recompute the digest from the
   current action and compare the material facts with those approved.
 - ``retarget_on_escalation`` — an escalation of a task waiting for approval
-  hands the pending request on to the role escalated to, instead of voiding it.
+  hands the pending request on to the role escalated to, instead of voiding it,
+  and bars the escalator from deciding it.
+
+Who may not decide a request (separation of duties across the task's lineage)
+is one rule, ``approvals.authority``: the request records that set when raised.
 
 A request keeps the task type's sensitive values (the effect's sensitive keys,
 sensitive material facts) sealed to itself (``tasks.sealing``), and approvers
@@ -29,6 +33,7 @@ from django.utils import timezone
 from guardian.shortcuts import assign_perm, remove_perm
 from opentelemetry import trace
 
+from approvals import authority
 from approvals.digest import digest
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Decision
 from ledger import integrity
@@ -112,7 +117,8 @@ def request_decision(
         policy_reason=policy_reason,
         policy_version=task.policy_version,
         approver_role=step.approver_role,
-        requested_by=f"user:{task.owner.get_username()}" if task.owner is not None else f"task:{task.id}",
+        requested_by=authority.actor_id(task.owner) if task.owner is not None else f"task:{task.id}",
+        barred=authority.causes(task, action.name),  # who caused it to be asked: none of them decides it
         allowed_decisions=[Decision.APPROVE, Decision.REJECT],
         expires_at=now + step.timeout,
         created_at=now,
@@ -216,13 +222,10 @@ def _may_decide(user: Any, request: ApprovalRequest) -> None:
             status=403,
             request=request,
         )
-    if request.requested_by == f"user:{user.get_username()}":
-        raise ApprovalRefused(
-            "You asked for this action; someone else must approve it (separation of duties).",
-            code="self_approval",
-            status=403,
-            request=request,
-        )
+    refused = authority.refusal(user, request)
+    if refused is not None:
+        code, message = refused
+        raise ApprovalRefused(message, code=code, status=403, request=request)
 
 
 def _already(request: ApprovalRequest, decision: str) -> Decided:
@@ -240,8 +243,10 @@ def approval_decide(
 ) -> Decided:
     """Decide a pending, unexpired request whose digest the approver saw.
 
-    Refuses (``ApprovalRefused``): 403 without the role, the object permission,
-    or when deciding one's own request; 400 for a decision not allowed; 410
+    Refuses (``ApprovalRefused``): 403 without the role or the object permission
+    (``not_an_approver``, ``no_permission``), or when the request names the user as
+    one who caused it (``approvals.authority``: ``self_approval`` for its requester,
+    ``decided_before``, ``caused_this_request``); 400 for a decision not allowed; 410
     once expired; 409 when already decided otherwise, when the digest differs
     (the request changed since it was shown), or when the task no longer waits
     for this request. The same decision repeated is acknowledged with
@@ -383,27 +388,32 @@ class Retarget:
 
     request: ApprovalRequest
     role: str  # who decides it from now on
+    by: str = ""  # the escalator's actor id: barred from deciding it ("" for a sweep's escalation)
 
     @property
     def note(self) -> str:
         """What the escalation's audit event says happened to the request."""
         before = self.request.approver_role
+        barred = f"; {self.by} may not decide it" if self.by else ""
         if self.role == before:
-            return f"approval request {self.request.id} stays with the {before} role"
+            return f"approval request {self.request.id} stays with the {before} role{barred}"
         return (
             f"approval request {self.request.id} re-targeted from the {before} role to the {self.role} role"
+            f"{barred}"
         )
 
     def apply(self, waiting_version: int) -> None:
-        """Inside the escalation's transaction: move the request to the new wait and role.
+        """Inside the escalation's transaction: move the request to the new wait and role, and
+        name the escalator among those who may not decide it (never to the escalator).
 
         Raises ``StaleVersion`` when the request was decided or settled meanwhile
         (the whole escalation then commits nothing).
         """
         request = self.request
+        barred = authority.with_cause(request, self.by, authority.Cause.ESCALATED)
         moved = ApprovalRequest.objects.filter(
             pk=request.pk, status=ApprovalStatus.PENDING, waiting_version=request.waiting_version
-        ).update(waiting_version=waiting_version, approver_role=self.role)
+        ).update(waiting_version=waiting_version, approver_role=self.role, barred=barred)
         if moved != 1:
             raise StaleVersion("the approval request was decided or settled while the task was escalated")
         if self.role != request.approver_role:
@@ -412,8 +422,9 @@ class Retarget:
             assign_perm(DECIDE, role_group(task.tenant, self.role), request)
 
 
-def retarget_on_escalation(task: Task, *, escalate_to: str) -> Retarget | None:
-    """The pending request ``task`` waits for, to be decided by ``escalate_to`` after an escalation.
+def retarget_on_escalation(task: Task, *, escalate_to: str, by: Actor | None = None) -> Retarget | None:
+    """The pending request ``task`` waits for, to be decided by ``escalate_to`` after an escalation
+    by ``by`` (a person is then barred from deciding it; a sweep is not a person).
 
     None when the task waits for no pending request. ``escalate_to`` outside
     ``DECIDING_ROLES`` leaves the request with the role it has.
@@ -428,7 +439,8 @@ def retarget_on_escalation(task: Task, *, escalate_to: str) -> Retarget | None:
     if request is None:
         return None
     role = escalate_to if escalate_to in DECIDING_ROLES else request.approver_role
-    return Retarget(request, role)
+    escalator = by.id if by is not None and authority.is_person(by.kind) else ""
+    return Retarget(request, role, by=escalator)
 
 
 @dataclass(frozen=True)

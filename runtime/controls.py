@@ -113,9 +113,10 @@ def task_control(
             "escalated_to": escalate_to,
             "escalation_reason": reason,
         }
-        # A task waiting for approval keeps its request, now decided by the escalation's role,
-        # at the version the escalation moves the task to (recorded in the event's reason).
-        retarget = approvals.retarget_on_escalation(task, escalate_to=escalate_to)
+        # A task waiting for approval keeps its request, now decided by the escalation's role
+        # but never by the escalator, at the version the escalation moves the task to
+        # (recorded in the event's reason).
+        retarget = approvals.retarget_on_escalation(task, escalate_to=escalate_to, by=actor)
         if retarget is not None:
             also.append(functools.partial(retarget.apply, expected_version + 1))
             reason = f"{reason} ({retarget.note})"

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.pagination import OldestFirst
-from api.serializers import ApprovalOut
+from api.serializers import ApprovalDetailOut, ApprovalOut
 from approvals import selectors, services
 from approvals.models import ApprovalStatus, Decision
 from tasks import values
@@ -60,9 +60,12 @@ class ApprovalListApi(APIView):
 
 
 class ApprovalDetailApi(APIView):
-    @extend_schema(operation_id="approvals_retrieve", responses={200: ApprovalOut, 404: OpenApiResponse()})
+    @extend_schema(
+        operation_id="approvals_retrieve", responses={200: ApprovalDetailOut, 404: OpenApiResponse()}
+    )
     def get(self, request: Request, request_id: UUID) -> Response:
-        return Response(ApprovalOut(selectors.get_visible_request(request.user, request_id)).data)
+        """The request with its earlier decisions and who may not decide it (separation of duties)."""
+        return Response(ApprovalDetailOut(selectors.get_visible_request(request.user, request_id)).data)
 
 
 class ApprovalDecideApi(APIView):
@@ -70,8 +73,10 @@ class ApprovalDecideApi(APIView):
 
     200: decided now (``applied: true``), or the same decision was already
     taken (``applied: false``). 409: decided otherwise already, digest differs,
-    or the task no longer waits. 410: expired. 403: no authority or
-    self-approval. 404: not in your tenants.
+    or the task no longer waits. 410: expired. 403: no authority, or the
+    request names the caller as one who caused it (``self_approval``,
+    ``decided_before``, ``caused_this_request``: ``approvals.authority``).
+    404: not in your tenants.
     """
 
     token_scopes = {"POST": Scope.APPROVE}
@@ -91,7 +96,7 @@ class ApprovalDecideApi(APIView):
     class DecideOutput(serializers.Serializer):
         applied = serializers.BooleanField()
         note = serializers.CharField()
-        request = ApprovalOut()
+        request = ApprovalDetailOut()
 
     @extend_schema(
         operation_id="approvals_decide",
@@ -122,5 +127,5 @@ class ApprovalDecideApi(APIView):
             return refused(exc)
         fresh = selectors.get_visible_request(request.user, request_id)
         return Response(
-            {"applied": decided.applied, "note": decided.note, "request": ApprovalOut(fresh).data}
+            {"applied": decided.applied, "note": decided.note, "request": ApprovalDetailOut(fresh).data}
         )

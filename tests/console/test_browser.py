@@ -14,7 +14,8 @@ from tasks import checkpoints, decisions, registry
 from tasks.models import Task
 from tasks.states import State, Trigger
 from tasks.transitions import Actor, advance
-from tests.conftest import make_task
+from tenancy.models import Role
+from tests.conftest import make_task, make_user
 from tests.second_factor import browser_log_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -103,7 +104,9 @@ def test_an_approver_opens_a_repeat_request_sees_the_diff_and_approves_with_conf
 
     task = make_task(acme, owner=operator, objective="Refund order A-1: a cracked vase")
     first = ask(task)
-    approvals.approval_decide(first, user=approver, decision="reject", digest_seen=first.digest)
+    # Rejected by another approver: who decided the earlier request may not decide its repeat (issue 20).
+    other = make_user("acme-approver2", acme, Role.APPROVER)
+    approvals.approval_decide(first, user=other, decision="reject", digest_seen=first.digest)
     second = ask(Task.objects.get(pk=task.pk), trigger=Trigger.PROCEED, amount="8.00")
     log_in(page, live_server.url, "acme-approver", lands_on="/console/approvals/")
 
@@ -112,7 +115,7 @@ def test_an_approver_opens_a_repeat_request_sees_the_diff_and_approves_with_conf
     expect(page.get_by_role("heading", name="This repeats an earlier request")).to_be_visible()
     diff = page.locator("table.diff")
     expect(diff.locator("tr", has_text="effect.amount")).to_contain_text("8.00")
-    expect(page.get_by_role("link", name="rejected by acme-approver", exact=False)).to_be_visible()
+    expect(page.get_by_role("link", name="rejected by acme-approver2", exact=False)).to_be_visible()
 
     page.get_by_role("button", name="Approve").click()
     expect(page.get_by_role("heading", name="Confirm the approval")).to_be_visible()
