@@ -432,3 +432,38 @@ def test_a_verifying_host_starts_with_only_the_anchor_public_key():
     del env["AUDIT_ANCHOR_KEY"]
     result = manage(["check"], env)
     assert result.returncode == 0, result.stderr
+
+
+ADMIN_PAGES = """
+import json
+from django.test.utils import setup_test_environment
+setup_test_environment()
+from django.contrib.auth import get_user_model
+from django.test import Client
+from tenancy.models import Membership
+
+client = Client()
+client.force_login(get_user_model().objects.get(username="{superuser}"))
+held = Membership.objects.get(user__username="{approver}")
+print(json.dumps({{
+    "list": client.get("/admin/tenancy/membership/").status_code,
+    "add": client.get("/admin/tenancy/membership/add/").status_code,
+    "delete": client.get(f"/admin/tenancy/membership/{{held.pk}}/delete/").status_code,
+}}))
+"""
+
+
+def test_the_admins_membership_pages_are_read_only_as_the_app_role(acme, approver, app_role):  # noqa: F811
+    """Roles are granted as the owner: connected as the app role the admin shows them, never a 500."""
+    name, _ = app_role
+    User.objects.create_superuser("root", password="unused-here")  # by the owner, as createsuperuser is
+    ran = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", ADMIN_PAGES.format(superuser="root", approver=approver)],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": role_url(name), "DEBUG": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert json.loads(ran.stdout.strip().splitlines()[-1]) == {"list": 200, "add": 403, "delete": 403}
