@@ -2,9 +2,10 @@
 
 ``tenancy_accessevent`` gets the shared guard (``append_only_guard``, audit
 migration 0009), like the audit log: no UPDATE but of ``user_id`` (Django sets
-it to NULL when the account is deleted; ``username`` keeps the name), no DELETE
-outside the owner role's retention path, no TRUNCATE but by the owner. Reveals
-and role grants stay on record whatever the app role does.
+it to NULL when the owner deletes the account; ``username`` keeps the name; the
+app role holds no UPDATE on the table at all, ``db_roles``), no DELETE outside
+the owner role's retention path, no TRUNCATE but by the owner. Reveals and role
+grants stay on record whatever the app role does.
 
 ``auth_user`` (the user model's table): ``is_superuser`` and ``is_staff`` are
 set by the owner role only (``createsuperuser`` run as the owner). Another role

@@ -100,14 +100,15 @@ def test_the_access_log_trigger_refuses_what_a_mistaken_grant_would_allow(acme, 
     )
 
 
-def test_an_access_event_loses_only_its_account_when_the_account_is_deleted(acme, operator, app_role):  # noqa: F811
+def test_an_access_event_loses_only_its_account_when_the_owner_deletes_the_account(acme, operator, app_role):  # noqa: F811
     name, connect = app_role
     login = record_access(AccessEvent.Kind.LOGIN, user=operator)
-    conn = connect()
-    with conn.transaction():  # what Django's SET_NULL writes when the account goes
-        conn.execute("UPDATE tenancy_accessevent SET user_id = NULL WHERE id = %s", [login.pk])
+    assert "permission denied" in refused(
+        connect(), "UPDATE tenancy_accessevent SET user_id = NULL WHERE id = %s", [login.pk]
+    )
+    operator.delete()  # as the owner: Django sets the event's user to NULL, which the trigger lets through
     login.refresh_from_db()
-    assert (login.user_id, login.username) == (None, operator.username)
+    assert (login.user_id, login.username) == (None, "acme-operator")
 
 
 # --- task input, approval copies, effects -----------------------------------------------------------
@@ -124,10 +125,16 @@ def test_the_app_role_cannot_rewrite_a_tasks_input_or_its_request_digest(acme, a
     assert "permission denied" in refused(
         conn, "UPDATE tasks_task SET request_digest = %s WHERE id = %s", ["0" * 64, task.id]
     )
-    for column, value in (("objective", "Pay me"), ("task_type", "pay_invoice"), ("idempotency_key", "x")):
+    for column, value in (
+        ("objective", "Pay me"),
+        ("task_type", "pay_invoice"),
+        ("idempotency_key", "x"),
+        ("owner_id", None),  # who asked decides who may approve
+        ("rerun_of_id", None),
+    ):
         assert "permission denied" in refused(
             conn, f"UPDATE tasks_task SET {column} = %s WHERE id = %s", [value, task.id]
-        )
+        ), column
     with conn.transaction():  # what a transition writes is still the app's
         conn.execute("UPDATE tasks_task SET state_reason = state_reason WHERE id = %s", [task.id])
     task.refresh_from_db()

@@ -20,25 +20,27 @@ nothing, with exactly:
 - less where the app has no business writing:
 
   - history (``APPEND_ONLY``: no ``UPDATE``/``DELETE``; their triggers refuse it
-    anyway), the access log included, whose ``user_id`` alone may be updated
-    (set to NULL when an account is deleted, as Django does for ``SET_NULL``);
+    anyway), the access log included;
   - what a row was created with and the app never rewrites (``WITHHELD``: no
     ``UPDATE`` of those columns, every other column as before): a task's input,
-    its ``request_digest`` and identity; an approval request's copies
-    (consequential, material, digest, evidence, requester, policy); an action's
-    effect. The app's writers move only state columns: transitions (state,
-    version, outcome, escalation…), decisions (``status``, ``decided_at``),
-    escalation (``approver_role``, ``waiting_version``), expiry, dispatch;
+    its ``request_digest``, identity and lineage (owner, parent, rerun, the
+    action it compensates: who asked decides who may approve); an approval
+    request's copies (consequential, material, digest, evidence, requester,
+    policy); an action's effect. The app's writers move only state columns:
+    transitions (state, version, outcome, escalation…), decisions
+    (``status``, ``decided_at``), escalation (``approver_role``,
+    ``waiting_version``), expiry, dispatch progress;
   - memberships (``OWNER_WRITES``: ``SELECT`` only): roles are granted and
     revoked (``tenancy.services.grant_role`` / ``revoke_role``) by the owner;
   - ``django_migrations``: ``SELECT`` only.
 
   The paths that rewrite withheld columns run as the owner: key rotation
-  (``rotate_keys`` re-seals input, effects and approval copies) and retention
-  (``retention``: archiving erases them, deleting removes rows). On
-  ``auth_user`` a trigger (tenancy migration 0005) refuses the app role any
-  change of ``is_superuser`` or ``is_staff``; passwords, ``last_login`` and the
-  rest stay writable.
+  (``rotate_keys`` re-seals input, effects and approval copies), retention
+  (``retention``: archiving erases them, deleting removes rows), role grants,
+  and deleting an account (its memberships go, its tasks and access events
+  lose their ``SET_NULL`` link). On ``auth_user`` a trigger (tenancy migration
+  0005) refuses the app role any change of ``is_superuser`` or ``is_staff``;
+  passwords, ``last_login`` and the rest stay writable.
 
 Without ownership it cannot ``ALTER TABLE`` (so cannot disable a trigger),
 ``TRUNCATE``, ``DROP`` or grant; the triggers refuse what its privileges
@@ -69,13 +71,11 @@ APPEND_ONLY = (
     "approvals_approvaldecision",
     "tenancy_accessevent",
 )
-# Columns of append-only tables the app still updates (its trigger lets only these change).
-APPEND_ONLY_UPDATABLE = {"tenancy_accessevent": ("user_id",)}  # SET NULL: the account was deleted
 # Columns the app never updates once the row exists (key rotation and retention run as the owner).
 WITHHELD = {
     "tasks_task": (
         "id", "tenant_id", "task_type", "objective", "input", "idempotency_key", "request_digest",
-        "created_at",
+        "created_at", "owner_id", "parent_id", "rerun_of_id", "compensates_id",
     ),
     "approvals_approvalrequest": (
         "id", "task_id", "tenant_id", "step", "action_step", "consequential", "digest", "material",
@@ -215,26 +215,16 @@ class Command(BaseCommand):
         for table in APPEND_ONLY:
             if table in existing:
                 statements.append((f"REVOKE UPDATE, DELETE ON {s}.{q(table)} FROM {r}", []))
-                statements += self._column_updates(r, f"{s}.{q(table)}", APPEND_ONLY_UPDATABLE.get(table, ()))
         for table, withheld in WITHHELD.items():
             if table in existing:
                 # A table-wide UPDATE covers every column whatever is revoked per column: revoke it, then
                 # grant the columns the app moves (every one but the withheld, so new ones are included).
-                updatable = [column for column in self._columns(table) if column not in withheld]
+                updatable = [q(column) for column in self._columns(table) if column not in withheld]
                 statements.append((f"REVOKE UPDATE ON {s}.{q(table)} FROM {r}", []))
-                statements += self._column_updates(r, f"{s}.{q(table)}", updatable)
+                statements.append((f"GRANT UPDATE ({', '.join(updatable)}) ON {s}.{q(table)} TO {r}", []))
         return statements
 
     @staticmethod
     def _columns(table: str) -> list[str]:
         with connection.cursor() as cursor:
             return [column.name for column in connection.introspection.get_table_description(cursor, table)]
-
-    @staticmethod
-    def _column_updates(
-        role: str, table: str, columns: tuple[str, ...] | list[str]
-    ) -> list[tuple[str, list[str]]]:
-        if not columns:
-            return []
-        names = ", ".join(connection.ops.quote_name(column) for column in columns)
-        return [(f"GRANT UPDATE ({names}) ON {table} TO {role}", [])]
