@@ -27,6 +27,7 @@ BENCH_ENV = {
     "SANDBOX_TOKEN": "bench-only-sandbox-token",
     "AUDIT_HMAC_KEYS": "bench:bench-only-audit-chain-key-not-secret",
     "FIELD_ENCRYPTION_KEYS": "bench:YmVuY2gtb25seS1maWVsZC1rZXktbm90LXNlY3JldCE=",
+    "AUDIT_ANCHOR_KEY": "sHAVCAIJNfWNtCcLdBSECMYl0zMi5aikztQznZsi7OA=",  # public, bench-only
 }
 
 

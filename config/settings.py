@@ -239,6 +239,23 @@ EXTERNAL_EVENTS_MAX_PER_TASK = env.int("EXTERNAL_EVENTS_MAX_PER_TASK", default=1
 AUDIT_HMAC_KEYS = env.str("AUDIT_HMAC_KEYS", default="")
 AUDIT_ANCHOR_KEY = env.str("AUDIT_ANCHOR_KEY", default="")
 AUDIT_ANCHOR_PUBLIC_KEYS = env.list("AUDIT_ANCHOR_PUBLIC_KEYS", default=[])
+# No start without them outside development, like SECRET_KEY (README, "Production"): every transition
+# is chained under AUDIT_HMAC_KEYS, every anchor signed (or, on a host that only verifies, checked) with
+# the anchor keys. Their format is checked at start-up by audit.apps.
+_missing_audit_keys = [
+    name
+    for name, value in (
+        ("AUDIT_HMAC_KEYS", AUDIT_HMAC_KEYS),
+        ("AUDIT_ANCHOR_KEY", AUDIT_ANCHOR_KEY or ",".join(AUDIT_ANCHOR_PUBLIC_KEYS)),
+    )
+    if not value.strip()
+]
+if _missing_audit_keys and not DEBUG:
+    raise ImproperlyConfigured(
+        f"{' and '.join(_missing_audit_keys)} not set: production keeps tamper evidence under its own keys "
+        "(README, 'Tamper evidence'; `DEBUG=1 python manage.py audit_anchor --generate-key` prints an anchor "
+        "key pair). For a development run set DEBUG=1, which allows public development keys."
+    )
 AUDIT_ANCHOR_DIR = Path(env.str("AUDIT_ANCHOR_DIR", default=str(VAR_DIR / "anchors")))
 # The longest an event goes unanchored (seconds): an anchor is written once the newest is this old,
 # and within a minute of a consequential transition (audit.anchor.anchor_if_due).

@@ -116,6 +116,7 @@ SOAK_ENV = {
     "SANDBOX_TOKEN": "soak-only-sandbox-token",
     "AUDIT_HMAC_KEYS": "soak:soak-only-audit-chain-key-not-secret!",
     "FIELD_ENCRYPTION_KEYS": "soak:c29hay1vbmx5LWZpZWxkLWtleS1ub3Qtc2VjcmV0ISE=",
+    "AUDIT_ANCHOR_KEY": "odiIpdLndLBkU6JRuoLCJhi9LJpAc7L5L0VtGzGIaDE=",  # public, soak-only
 }
 WORKER_ENV = {
     # The connector gives up after 0.5 s; every injected commit lands within 0.8 s of arriving. A lookup

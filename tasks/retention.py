@@ -36,12 +36,13 @@ in one transaction per batch on the owner's retention path (``audit.tombstones.r
 after inserting a ``Tombstone`` per task with its last version and chain head, signed with the
 anchor key (``AUDIT_ANCHOR_KEY``: a deletion runs only where that key is, never in the app), so
 anchors taken before the deletion still verify and the next anchor — asked for at once, by an
-``AnchorRequest`` — lists the tombstone. Only the database owner may do that (README, "Database
-roles"): connected as the application's role, a run archives and reports the deletions due as
-awaiting the owner. A task whose chain does not verify (links and path, ``tasks.audit_paths``)
-is never deleted: its evidence stays, and no signature vouches for it. A task that a surviving
-task reruns or descends from (``rerun_of``, ``parent``) is kept until that task goes too; tasks
-that go together go in one transaction.
+``AnchorRequest`` — lists the tombstone. Only the database owner may do that, and archive too:
+erasing rewrites a task's input and its approval requests' copies, which the application's role
+may not update (README, "Database roles"); connected as that role, a run changes nothing and
+reports what is due as awaiting the owner. A task whose chain does not verify (links and path,
+``tasks.audit_paths``) is never deleted: its evidence stays, and no signature vouches for it. A
+task that a surviving task reruns or descends from (``rerun_of``, ``parent``) is kept until that
+task goes too; tasks that go together go in one transaction.
 
 A run is idempotent (an archived task is not archived again; a deleted one is gone), and the
 dry run and the real run share every decision (``plan_batch``); the real run re-checks each
@@ -208,7 +209,7 @@ class Tally:
     delete: int = 0
     held: int = 0  # due, but under a legal hold: left alone
     kept: int = 0  # deletion due, but a task that stays reruns or descends from it
-    awaiting_owner: int = 0  # deletion due, but this connection is not the owner role
+    awaiting_owner: int = 0  # archive or deletion due, but this connection is not the owner role
     rule: str = ""  # the rule in force, in words
 
 
@@ -367,8 +368,10 @@ def plan_batch(
         decided = verdict(rule, row["state_entered_at"], archived=row["archived"], now=now)
         if decided == DELETE:
             due_deletion[row["id"]] = row
-        elif decided == ARCHIVE:
+        elif decided == ARCHIVE and may_delete:
             batch.archive.append(row)
+        elif decided == ARCHIVE:  # erasing rewrites columns only the owner may (db_roles: WITHHELD)
+            report.tally(rules, row["task_type"]).awaiting_owner += 1
     if due_deletion:
         if may_delete:
             going, kept = _deletable(due_deletion, rules, now, claimed)
@@ -381,7 +384,7 @@ def plan_batch(
                 tally.kept += 1
             else:
                 tally.awaiting_owner += 1
-        for row in stay:
+        for row in stay if may_delete else ():
             rule = rules.rule(row["task_type"])
             if _archive_due(rule, row["state_entered_at"], archived=row["archived"], now=now):
                 batch.archive.append(row)
@@ -396,7 +399,7 @@ def plan_batch(
 
 
 def may_delete() -> bool:
-    """Whether this connection can delete history: on PostgreSQL only the tables' owner role can."""
+    """Whether this connection can archive and delete history: on PostgreSQL only the tables' owner can."""
     if connection.vendor != "postgresql":
         return True
     with connection.cursor() as cursor:

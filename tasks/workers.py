@@ -15,13 +15,14 @@ logger = logging.getLogger(__name__)
 def run_retention() -> str:
     """Archive and delete what the retention policies make due (``manage.py retention``'s function).
 
-    Beat connects as the application's role, which cannot delete history: there this archives and
-    logs how many deletions await a run as the owner role.
+    Beat connects as the application's role, which can neither erase a task's input nor delete
+    history: there this logs how many archives and deletions await a run as the owner role.
     """
     report = retention.run(dry_run=False)
     waiting = report.total("awaiting_owner")
     if waiting:
         logger.warning(
-            "retention: %s tasks due for deletion await `manage.py retention` as the database owner", waiting
+            "retention: %s tasks due for archiving or deletion await `manage.py retention` as the owner",
+            waiting,
         )
     return f"{report.archived} archived, {report.deleted} deleted, {waiting} awaiting the owner"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.db import connection
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
@@ -22,10 +23,30 @@ class TenantAdmin(admin.ModelAdmin):
     list_display = ("slug", "name")
 
 
+def _may_write_memberships() -> bool:
+    """Whether this connection may change roles: on PostgreSQL the app role may not (``db_roles``),
+    roles are granted connected as the owner; the pages then show them read-only instead of a 500."""
+    if connection.vendor != "postgresql":
+        return True
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT has_table_privilege(%s, 'INSERT')", [Membership._meta.db_table])
+        (allowed,) = cursor.fetchone()
+    return bool(allowed)
+
+
 @admin.register(Membership)
 class MembershipAdmin(admin.ModelAdmin):
     list_display = ("user", "tenant", "role")
     list_filter = ("tenant", "role")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return super().has_add_permission(request) and _may_write_memberships()
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_change_permission(request, obj) and _may_write_memberships()
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_delete_permission(request, obj) and _may_write_memberships()
 
     def save_model(self, request: HttpRequest, obj: Membership, form: Any, change: bool) -> None:
         if change:

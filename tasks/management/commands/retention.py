@@ -12,9 +12,9 @@ README, "Retention"). Beat runs the same function daily (``RETENTION_INTERVAL``)
 
 The dry run prints exactly what a real run started at the same moment would do. Idempotent: an
 archived task is not archived again, a deleted one is gone; a run stopped anywhere lost at most
-its open transaction. Deleting needs the database owner role (the application's role cannot
-delete history): run as the app role, it archives and reports the deletions due as awaiting the
-owner. Exit status 1 when a batch was refused (a task that has not ended was among it).
+its open transaction. Archiving and deleting need the database owner role (the application's role
+can neither rewrite a task's input nor delete history): run as the app role, it reports what is due
+as awaiting the owner. Exit status 1 when a batch was refused (a task that has not ended was in it).
 """
 
 from __future__ import annotations
@@ -104,6 +104,6 @@ class Command(BaseCommand):
         waiting = report.total("awaiting_owner")
         if waiting:
             self.stderr.write(
-                f"{waiting} tasks due for deletion are left: this connection is not the owner of the tables. "
-                "Run `manage.py retention` as the owner role (README, 'Retention')."
+                f"{waiting} tasks due for archiving or deletion are left: this connection is not the owner "
+                "of the tables. Run `manage.py retention` as the owner role (README, 'Retention')."
             )

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tenancy', '0004_integrator_api_token'),
+        ('tenancy', '0005_access_log_append_only'),
     ]
 
     operations = [
