@@ -249,6 +249,7 @@ from approvals.models import ApprovalRequest
 from runtime import runner
 from tasks.models import Task
 from tenancy.models import AccessEvent
+from tests.second_factor import mark_verified
 
 User = get_user_model()
 operator, admin = User.objects.get(username="{operator}"), User.objects.get(username="{admin}")
@@ -256,6 +257,7 @@ operator, admin = User.objects.get(username="{operator}"), User.objects.get(user
 def client(user):
     c = Client()
     c.force_login(user)  # last_login, a session, a login access event
+    mark_verified(c, user)  # the admin's second factor: a device and the session's mark, as the app role
     return c
 
 def post(c, path, body):
@@ -448,9 +450,12 @@ setup_test_environment()
 from django.contrib.auth import get_user_model
 from django.test import Client
 from tenancy.models import Membership
+from tests.second_factor import mark_verified
 
 client = Client()
-client.force_login(get_user_model().objects.get(username="{superuser}"))
+root = get_user_model().objects.get(username="{superuser}")
+client.force_login(root)
+mark_verified(client, root)  # a superuser gives a second factor too
 held = Membership.objects.get(user__username="{approver}")
 print(json.dumps({{
     "list": client.get("/admin/tenancy/membership/").status_code,
