@@ -9,6 +9,8 @@ answered 500 to concurrent first requests; an ``=HYPERLINK(…)`` reason written
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import urllib.error
 import urllib.request
@@ -19,10 +21,14 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from rest_framework.exceptions import ParseError
 from rest_framework.throttling import SimpleRateThrottle
 
-from api import throttling
+from api import errors as errors_module
+from api import parsers, throttling
+from tasks.models import Task
 from tenancy.services import token_create
+from tests.conftest import api_client_for
 
 THREADS = 16
 
@@ -96,3 +102,38 @@ def test_the_edge_of_a_window_is_no_burst_of_twice_the_rate():
     # 36 s into the next window, 1 % of the period has passed: about 1 % of the rate is free again.
     after = sum(throttling.take("edge", 100, 3600, now=end_of_window + 37).allowed for _ in range(150))
     assert (allowed, after) == (100, 1)
+
+
+# --- bodies built to cost server time -------------------------------------------------------------
+
+
+def wide_body(keys: int) -> bytes:
+    """A task start whose ``input`` has ``keys`` members (200,000 of them: 2.3 MB)."""
+    body = {"task_type": "refund_request", "objective": "x", "input": {str(n): 0 for n in range(keys)}}
+    return json.dumps(body).encode()
+
+
+def test_a_body_of_200000_keys_is_refused_by_the_parser_before_it_is_built():
+    with pytest.raises(ParseError, match=f"more than {parsers.MAX_KEYS} keys"):
+        parsers.BoundedJSONParser().parse(io.BytesIO(wide_body(200_000)))
+
+
+@pytest.mark.django_db
+def test_a_body_of_200000_keys_is_a_small_400_and_starts_nothing(integrator):
+    client = api_client_for(integrator)
+    response = client.post("/api/tasks/", wide_body(200_000), content_type="application/json")
+    assert response.status_code == 400
+    assert len(response.content) < 300, len(response.content)
+    assert "keys" in response.json()["detail"]
+    assert not Task.objects.exists()
+
+
+@pytest.mark.django_db
+def test_field_errors_are_a_bounded_list_that_says_how_many_more(integrator):
+    client = api_client_for(integrator)
+    response = client.post("/api/tasks/", wide_body(5_000), content_type="application/json")
+    assert response.status_code == 400
+    errors = response.json()["input"]
+    assert len(errors) == errors_module.MAX_ERRORS + 1
+    assert errors["…"] == f"and {5_000 + 3 - errors_module.MAX_ERRORS} more"  # + the 3 missing fields
+    assert len(response.content) < 5_000, len(response.content)
