@@ -3,8 +3,8 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView
 
+from api.views.schema import SchemaApi
 from config import metrics
 
 urlpatterns = [
@@ -12,7 +12,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/schema/", SchemaApi.as_view(), name="api-schema"),  # built once per process
     path("api/", include("api.urls")),
     path("console/", include("console.urls")),
     # Prometheus scrapes (a token or an allowed network: config/metrics.py). /healthz and /readyz are

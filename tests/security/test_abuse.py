@@ -26,6 +26,7 @@ from rest_framework.throttling import SimpleRateThrottle
 
 from api import errors as errors_module
 from api import parsers, throttling
+from api.views.schema import SchemaApi
 from tasks.models import Task
 from tenancy.services import token_create
 from tests.conftest import api_client_for
@@ -137,3 +138,14 @@ def test_field_errors_are_a_bounded_list_that_says_how_many_more(integrator):
     assert len(errors) == errors_module.MAX_ERRORS + 1
     assert errors["…"] == f"and {5_000 + 3 - errors_module.MAX_ERRORS} more"  # + the 3 missing fields
     assert len(response.content) < 5_000, len(response.content)
+
+
+# --- the schema under concurrent first requests ---------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_first_requests_for_the_schema_all_get_it(live_server, operator, monkeypatch):
+    monkeypatch.setattr(SchemaApi, "_built", {})  # first requests, whichever test built it before
+    _, key = token_create(operator, scopes=["read"], expires_at=timezone.now() + timedelta(days=1), name="t")
+    answers = concurrently(f"{live_server.url}/api/schema/", [key] * THREADS)
+    assert answers == Counter({200: THREADS})
