@@ -10,9 +10,11 @@ answered 500 to concurrent first requests; an ``=HYPERLINK(…)`` reason written
 from __future__ import annotations
 
 import csv
+import importlib
 import io
 import json
 import os
+import pkgutil
 import urllib.error
 import urllib.request
 import uuid
@@ -21,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
+from django import forms
 from django.test import Client
 from django.utils import timezone
 from rest_framework.exceptions import ParseError
@@ -29,10 +32,13 @@ from rest_framework.throttling import SimpleRateThrottle
 from api import errors as errors_module
 from api import parsers, throttling
 from api.views.schema import SchemaApi
+import console
 from audit import export
+from console.forms import ConsoleForm, SavedViewForm
 from tasks.models import Task
 from tasks.states import State
 from tasks.transitions import Actor, advance
+from tenancy.models import SavedView
 from tenancy.services import token_create
 from tests.conftest import api_client_for, make_task, progress
 
@@ -205,3 +211,55 @@ def test_a_guarded_audit_csv_cell_reads_back_to_the_hashed_text(acme, auditor):
     header, *rows = csv_cells(client.get(f"/console/audit/tasks/{task.id}/export.csv"))
     reasons = [export.cell_text(row[header.index("reason")]) for row in rows]
     assert FORMULA in reasons
+
+
+# --- text no column can hold, in console forms ----------------------------------------------------
+
+
+def console_form_classes() -> list[type[forms.Form]]:
+    """Every form class the console's modules define."""
+    for module in pkgutil.iter_modules(console.__path__):
+        importlib.import_module(f"console.{module.name}")
+    found, todo = [], [forms.Form]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if sub.__module__.startswith("console."):
+                found.append(sub)
+    return found
+
+
+def test_every_console_form_refuses_text_no_column_can_hold():
+    classes = console_form_classes()
+    assert len(classes) >= 14
+    assert [cls.__qualname__ for cls in classes if not issubclass(cls, ConsoleForm)] == []
+
+
+@pytest.mark.parametrize("text", ["stuck\x00refunds", "stuck\ud800refunds"], ids=["nul", "lone-surrogate"])
+def test_a_console_text_field_names_what_it_cannot_hold(text):
+    form = SavedViewForm({"name": text, "query": ""})
+    assert not form.is_valid()
+    [message] = form.errors["name"]
+    assert "position 5" in message and ("NUL" in message or "U+D800" in message)
+
+
+@pytest.mark.django_db
+def test_a_nul_in_a_saved_view_name_is_a_clear_message_and_nothing_saved(operator):
+    client = Client(raise_request_exception=False)
+    client.force_login(operator)
+    response = client.post("/console/views/", {"name": "a\x00b", "query": "state=ready"}, follow=True)
+    assert response.status_code == 200
+    assert "contains a NUL character" in response.content.decode()
+    assert not SavedView.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_nul_in_a_control_reason_is_a_clear_message_and_nothing_applied(operator, acme):
+    task = make_task(acme)
+    client = Client(raise_request_exception=False)
+    client.force_login(operator)
+    body = {"expected_version": 1, "reason": "a\x00b", "confirm": "on"}
+    response = client.post(f"/console/tasks/{task.id}/cancel/", body, follow=True)
+    assert response.status_code == 200
+    assert "contains a NUL character" in response.content.decode()
+    assert Task.objects.get(pk=task.pk).state_version == 1
