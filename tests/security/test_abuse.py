@@ -29,10 +29,10 @@ from django.utils import timezone
 from rest_framework.exceptions import ParseError
 from rest_framework.throttling import SimpleRateThrottle
 
+import console
 from api import errors as errors_module
 from api import parsers, throttling
 from api.views.schema import SchemaApi
-import console
 from audit import export
 from console.forms import ConsoleForm, SavedViewForm
 from tasks.models import Task
