@@ -84,6 +84,8 @@ MIDDLEWARE = [
     "config.middleware.SessionTimeoutMiddleware",
     "config.middleware.NoStoreForUsersMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Every HTML page shows invisible and bidi characters as ⟨U+202E⟩ (console/middleware.py).
+    "console.middleware.ShowInvisibleCharacters",
     # Last: turns a lockout flagged during authentication into the lockout page (AXES_LOCKOUT_TEMPLATE).
     "axes.middleware.AxesMiddleware",
 ]
