@@ -19,6 +19,7 @@ Redis or Memcached (``CACHE_URL``), or each process counts for itself.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -48,26 +49,31 @@ def take(key: str, limit: int, period: int, *, now: float | None = None) -> Take
     overlap = previous * (1 - elapsed / period)  # the previous window's calls still within a period
     if overlap + count <= limit:
         return Take(True, counter)
-    cache.decr(counter)  # the refused call is not counted: only allowed calls use up the rate
+    _decrement(counter)  # the refused call is not counted: only allowed calls use up the rate
     return Take(False, counter, _retry_after(limit, period, elapsed, previous, count - 1))
 
 
 def give_back(taken: Take) -> None:
     """Uncount an allowed call (one that turned out not to be what the rate counts)."""
     if taken.allowed:
-        cache.decr(taken.counter)
+        _decrement(taken.counter)
 
 
 def _increment(counter: str, period: int) -> int:
-    # The counter outlives its window by one more, which reads it as "previous"; so it never
-    # expires while it is being counted, and an increment never recreates a key without a timeout.
-    for _ in range(2):
-        cache.add(counter, 0, timeout=2 * period + 1)
+    # Created on the first miss. It outlives its window by one more, which reads it as
+    # "previous"; so it never expires while it is counted, and no increment recreates it
+    # without a timeout. Concurrent first calls both add (one wins) and both increment.
+    for _ in range(3):
         try:
             return int(cache.incr(counter))
-        except ValueError:  # culled between add and incr (a full memory cache): start it again
-            continue
+        except ValueError:  # not there yet, or culled (a full memory cache): start it
+            cache.add(counter, 0, timeout=2 * period + 1)
     raise RuntimeError(f"the cache does not keep the throttle counter {counter!r}")
+
+
+def _decrement(counter: str) -> None:
+    with contextlib.suppress(ValueError):  # culled meanwhile: nothing left to give back
+        cache.decr(counter)
 
 
 def _retry_after(limit: int, period: int, elapsed: float, previous: int, current: int) -> float:
