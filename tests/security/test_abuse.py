@@ -15,12 +15,15 @@ import io
 import json
 import os
 import pkgutil
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django import forms
@@ -43,6 +46,7 @@ from tenancy.services import token_create
 from tests.conftest import api_client_for, make_task, progress
 
 THREADS = 16
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def status_of(url: str, key: str) -> int:
@@ -263,3 +267,13 @@ def test_a_nul_in_a_control_reason_is_a_clear_message_and_nothing_applied(operat
     assert response.status_code == 200
     assert "contains a NUL character" in response.content.decode()
     assert Task.objects.get(pk=task.pk).state_version == 1
+
+
+@pytest.mark.parametrize("url", ["dbcache://django_cache", "filecache:///tmp/throttles"])
+def test_a_cache_without_atomic_increments_is_refused_at_start_up(url):
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "DEBUG": "1", "CACHE_URL": url}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert "increments are not atomic" in result.stderr and "redis://" in result.stderr
