@@ -16,13 +16,13 @@ from tenancy.models import Tenant
 DESTRUCTIVE = frozenset({"cancel", "quarantine"})
 
 
+UNSTORABLE = "unstorable"  # the code of storable_text's error
+
+
 def storable_text(value: Any) -> None:
     """Refuse text no database column can hold (``tasks.values.text_problem``: NUL, lone surrogates)."""
     if isinstance(value, str) and (problem := values.text_problem(value)):
         raise forms.ValidationError(f"This text {problem}: remove it.", code=UNSTORABLE)
-
-
-UNSTORABLE = "unstorable"
 
 
 class ConsoleForm(forms.Form):

@@ -36,7 +36,10 @@ def save(request: HttpRequest) -> HttpResponse:
         if not form.is_valid():
             raise services.SavedViewRefused(form.unstorable() or form.errors.as_text())
         view = services.saved_view_create(
-            request.user, name=form.cleaned_data["name"], query=query, allowed_keys=QUEUE_KEYS
+            request.user,
+            name=form.cleaned_data["name"],
+            query=form.cleaned_data["query"],
+            allowed_keys=QUEUE_KEYS,
         )
     except services.SavedViewRefused as exc:
         messages.error(request, str(exc))
