@@ -21,34 +21,34 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 from rest_framework.exceptions import AuthenticationFailed, Throttled
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
-from rest_framework.throttling import SimpleRateThrottle
 
+from api.throttling import AtomicRateThrottle, give_back
 from tenancy.models import ApiToken, Scope
 from tenancy.services import TokenRefused, token_authenticate
 
 KEYWORDS = ("token", "bearer")
 
 
-class WrongTokenThrottle(SimpleRateThrottle):
-    """Wrong keys per client address, at the anonymous rate (``API_THROTTLE_ANON``)."""
+class WrongTokenThrottle(AtomicRateThrottle):
+    """Wrong keys per client address, at the anonymous rate (``API_THROTTLE_ANON``).
+
+    Every key is counted before it is looked up and a right one is given back: counting only
+    after a lookup failed would let concurrent guesses all pass the check first.
+    """
 
     scope = "anon"
-    num_requests: int  # set from the rate by SimpleRateThrottle.__init__
-    duration: int
 
     def get_cache_key(self, request: Any, view: Any) -> str:
         return self.cache_format % {"scope": "wrong_token", "ident": self.get_ident(request)}
 
-    def refuse_if_exhausted(self, request: Any) -> None:
-        """429 when this address used up its wrong keys; nothing is counted here."""
-        self.key = self.get_cache_key(request, None)
-        self.now = self.timer()
-        self.history = [at for at in self.cache.get(self.key, []) if at > self.now - self.duration]
-        if len(self.history) >= self.num_requests:
+    def count_attempt(self, request: Any) -> None:
+        """429 when this address used up its wrong keys; else this key counts until ``right_key``."""
+        if not self.allow_request(request, None):
             raise Throttled(wait=self.wait())
 
-    def count_wrong_key(self) -> None:
-        self.throttle_success()  # DRF's name for "remember this one"
+    def right_key(self) -> None:
+        if self.taken is not None:
+            give_back(self.taken)
 
 
 class ApiTokenAuthentication(BaseAuthentication):
@@ -61,13 +61,13 @@ class ApiTokenAuthentication(BaseAuthentication):
         if len(words) != 2:
             raise AuthenticationFailed("Invalid token header: give one key after the word Token.")
         throttle = WrongTokenThrottle()
-        throttle.refuse_if_exhausted(request)
+        throttle.count_attempt(request)
         try:
             token = token_authenticate(words[1].decode("ascii"))
         except (UnicodeDecodeError, TokenRefused) as exc:
-            throttle.count_wrong_key()
             message = str(exc) if isinstance(exc, TokenRefused) else "Invalid token."
             raise AuthenticationFailed(message) from None
+        throttle.right_key()
         return token.user, token
 
     def authenticate_header(self, request: Request) -> str:

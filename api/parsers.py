@@ -10,11 +10,19 @@ depth. Every endpoint gets its body from here, so refusing them here (a 400
 naming where and what, from ``tasks.values``, the one rule) means no view can
 reach the database with one and answer a 500. For an object body the 400 has
 a serializer's shape, ``{"<field>": ["<field>.<path> has ..."]}``.
+
+Width costs as much as depth: 200,000 keys in 2.3 MB took 11–13 s to validate and answered an
+8.9 MB list of errors. A body with more than ``MAX_KEYS`` object members in all is refused here,
+before anything is built. Both limits are counted on the text with C-speed string operations
+(strings blanked out by one regular expression; then ``:`` is exactly one per member, and the
+brackets give the depth), so the refusal costs a scan of the bytes, not a parse.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from itertools import accumulate
 
 from rest_framework.exceptions import ParseError, ValidationError
 from rest_framework.parsers import JSONParser
@@ -22,27 +30,23 @@ from rest_framework.parsers import JSONParser
 from tasks import values
 from tasks.values import MAX_DEPTH
 
+MAX_KEYS = 10_000  # object members in a whole body; task inputs and payloads hold dozens
 
-def _too_deep(text: str) -> bool:
-    """Bracket depth outside strings, without building anything."""
-    depth, in_string, escaped = 0, False, False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                return True
-        elif char in "]}":
-            depth -= 1
-    return False
+# A JSON string, escapes included (the unrolled form: no backtracking on long strings).
+_STRING_RE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET_RE = re.compile(r"[^\[\]{}]+")
+_NESTING = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def _too_big(text: str) -> str | None:
+    """Why ``text`` is too deep or too wide to parse, or None; nothing is built to find out."""
+    structure = _STRING_RE.sub("", text)
+    if (keys := structure.count(":")) > MAX_KEYS:
+        return f"JSON has more than {MAX_KEYS} keys ({keys})"
+    brackets = _NOT_BRACKET_RE.sub("", structure)
+    if brackets and max(accumulate(map(_NESTING.__getitem__, brackets))) > MAX_DEPTH:
+        return f"JSON nested more than {MAX_DEPTH} levels deep"
+    return None
 
 
 class BoundedJSONParser(JSONParser):
@@ -52,8 +56,8 @@ class BoundedJSONParser(JSONParser):
             text = stream.read().decode(encoding)
         except (UnicodeDecodeError, LookupError) as exc:
             raise ParseError(f"JSON parse error - {exc}") from None
-        if _too_deep(text):
-            raise ParseError(f"JSON nested more than {MAX_DEPTH} levels deep")
+        if problem := _too_big(text):
+            raise ParseError(problem)
         try:
             parsed = json.loads(text, parse_constant=_refuse_constant)
         except (ValueError, RecursionError) as exc:

@@ -10,9 +10,14 @@ this system, holding the chain keys (``AUDIT_HMAC_KEYS``)::
     assert link_hash(event["prev_hash"], fields, key_id=event["key_id"], keys=keys) == event["hash"]
 
 for a JSON event as it is (an empty ``key_id`` is a legacy, unkeyed SHA-256
-link, which needs no key). A CSV cell is text: read ``tenant_id``,
-``state_version`` and ``attempt`` back as integers and an empty ``parent_id``
-as null (``INTEGER_FIELDS``, ``NULLABLE_FIELDS``) before hashing. A task's
+link, which needs no key). **The JSON export is the form to verify**: its
+values are what the hash saw. The CSV is for reading in a spreadsheet, so no
+cell is one a spreadsheet would evaluate: text starting with ``=``, ``+``,
+``-``, ``@``, a tab, CR or LF (an ``=HYPERLINK(…)`` reason) — or with the guard
+``'`` itself — is written with a leading ``'`` (``spreadsheet_cell``, for every
+CSV export). To verify a CSV anyway, undo that (``cell_text``), read
+``tenant_id``, ``state_version`` and ``attempt`` back as integers and an empty
+``parent_id`` as null (``INTEGER_FIELDS``, ``NULLABLE_FIELDS``) before hashing. A task's
 export also names the head and version it was read up to (the JSON's
 ``"task"``), so ``audit.chain.verify_events`` can check the chain is whole.
 
@@ -80,6 +85,25 @@ def stream_json(head: dict[str, Any], events: Iterable[Any]) -> Iterator[str]:
     yield f'\n], "count": {count}}}\n'
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n")
+GUARD = "'"
+
+
+def spreadsheet_cell(value: Any) -> Any:
+    """``value`` as a CSV cell no spreadsheet evaluates: null is empty, numbers stay numbers, and
+    text starting like a formula (or with ``GUARD``, so the guard can be undone) gets ``GUARD`` first."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith((*FORMULA_STARTS, GUARD)):
+        return GUARD + value
+    return value
+
+
+def cell_text(cell: str) -> str:
+    """The text a ``spreadsheet_cell`` was written from."""
+    return cell.removeprefix(GUARD)
+
+
 class _Echo:
     """A file whose ``write`` hands the line back: csv.writer without a buffer."""
 
@@ -88,9 +112,9 @@ class _Echo:
 
 
 def stream_csv(events: Iterable[Any]) -> Iterator[str]:
-    """A header row of ``COLUMNS``, then one row per event (null written as an empty cell)."""
+    """A header row of ``COLUMNS``, then one row per event (each value a ``spreadsheet_cell``)."""
     writer = csv.writer(_Echo())
     yield writer.writerow(COLUMNS)
     for event in events:
         record = event_record(event)
-        yield writer.writerow(["" if record[name] is None else record[name] for name in COLUMNS])
+        yield writer.writerow([spreadsheet_cell(record[name]) for name in COLUMNS])

@@ -4,12 +4,20 @@ Exception messages become audit reasons (append-only: a secret written there
 stays forever), ledger errors, log lines and span attributes. Each of those
 exits passes its text through ``redact``, which removes:
 
-- the user-info of a URL (``https://svc:pw@host`` -> ``https://***@host``);
+- the user-info of a URL (``https://svc:pw@host`` -> ``https://***@host``), also written
+  with one slash (``https:/svc:pw@host``), JSON-escaped (``https:\\/\\/``) or percent-encoded
+  (``https%3A%2F%2Fsvc%3Apw%40host``, a URL inside a query string);
 - the value of an ``Authorization`` header and of a bare ``Bearer``/``Token``/
   ``Basic`` credential;
 - the value of a ``key=value``, ``key: value`` or ``"key": "value"`` pair whose
   key names a secret (password, token, api_key, cookie, session, ...) or a field
   a task type marked sensitive (``register_sensitive_fields``);
+- the value of a query-string parameter named like a secret, including names that say it
+  only briefly (``?sig=``, ``&key=``, ``auth``, ``jwt``, ``pwd``: ``QUERY_SECRET_NAMES``) and
+  signed-URL parameters (``X-Amz-Signature``, ``X-Amz-Credential``);
+- card numbers (13–19 digits, spaced or dashed, with a card's first digits and a valid Luhn
+  checksum), but their last four (``***1111``), and the mailbox of an e-mail address
+  (``***@example.com``): what a connector's system answered may quote the customer's;
 - the exact value of every secret this deployment is configured with (connector
   tokens and headers, the model's API key, the sandbox token, ``SECRET_KEY``,
   the field-encryption and audit keys, the database password), wherever it
@@ -39,12 +47,29 @@ MASK = "***"
 
 # A key "names a secret" when it contains one of these (case-insensitive): api_key, X-Api-Key,
 # client_secret, refresh_token, sessionid, csrftoken, Set-Cookie, DB_PASSWORD...
-_SECRET_WORD = r"(?:password|passwd|secret|token|api[-_]?key|access[-_]?key|authorization|cookie|session)"
+_SECRET_WORD = (
+    r"(?:password|passwd|passphrase|secret|token|api[-_]?key|access[-_]?key|private[-_]?key"
+    r"|authorization|cookie|session|signature|credential)"
+)
 _SECRET_KEY_RE = re.compile(_SECRET_WORD, re.IGNORECASE)
 
 # scheme://user:password@host -> scheme://***@host. The user-info ends at the last "@" before
 # the path, so a password holding a raw "@" is still removed whole.
-_USERINFO_RE = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^\s/?#\"'<>]+@")
+# One slash or two, each maybe JSON-escaped ("https:\/\/"): a client library's message or a
+# JSON body quoting the URL. A backslash ends the user-info, so an escaped path is not taken in.
+_USERINFO_RE = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*:(?:\\?/){1,2})[^\s/?#\"'<>\\]+@")
+# Percent-encoded (a URL passed in another's query string): up to the first %40, not past a %2F.
+_ENCODED_USERINFO_RE = re.compile(
+    r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*%3A(?:%2F){1,2})(?:(?!%2F)[^\s/?#&\"'<>\\])+?%40", re.IGNORECASE
+)
+# A query parameter (after ?, & or ;) whose exact name is a credential, though the name does not
+# say "token" or "secret": these are only masked in a query string, where the name is a name.
+QUERY_SECRET_NAMES = frozenset({"key", "sig", "auth", "pass", "pwd", "jwt", "otp", "code_verifier"})
+_QUERY_PARAM_RE = re.compile(r"(?<=[?&;])(?P<key>[\w.-]+)=(?P<value>[^&#;\s\"'<>]+)")
+# A card number: 13–19 digits, maybe grouped by spaces or dashes (Luhn and first digits checked).
+_CARD_RE = re.compile(r"(?<![\w-])\d(?:[ -]?\d){12,18}(?![\w-])")
+# An e-mail address: its mailbox (before the @) is masked, its domain kept.
+_EMAIL_RE = re.compile(r"(?<![\w.%+-])[A-Za-z0-9._%+-]+@(?=(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}\b)")
 # A credential after its scheme with no key in front ("... sent Bearer abc.def"). "Bearer" in any
 # case; "Token" and "Basic" only capitalised as in a header, so that prose like "token bucket" stays.
 _SCHEME_RE = re.compile(r"\b(?P<scheme>(?i:bearer)|Token|Basic)(?P<gap>\s+)[A-Za-z0-9._~+/=:-]+")
@@ -174,14 +199,44 @@ def redact(text: str) -> str:
     secrets = _secrets_pattern()
     if secrets is not None:
         text = secrets.sub(MASK, text)
-    if "://" in text:
+    if ":/" in text or ":\\/" in text:
         text = _USERINFO_RE.sub(rf"\g<scheme>{MASK}@", text)
+    if "%3A%2F" in text.upper():
+        text = _ENCODED_USERINFO_RE.sub(rf"\g<scheme>{MASK}%40", text)
     if ":" in text or "=" in text:
         text = _mask_pairs(_QUOTED_PAIR_RE, text, _sensitive)
         text = _mask_pairs(_PLAIN_PAIR_RE, text, _sensitive)
     if "earer" in text or "EARER" in text or "Token" in text or "Basic" in text:
         text = _SCHEME_RE.sub(rf"\g<scheme>\g<gap>{MASK}", text)
+    if "=" in text:
+        text = _QUERY_PARAM_RE.sub(_mask_query_param, text)
+    text = _CARD_RE.sub(_mask_card, text)
+    if "@" in text:
+        text = _EMAIL_RE.sub(f"{MASK}@", text)
     return text
+
+
+def _mask_query_param(match: re.Match[str]) -> str:
+    key = match.group("key")
+    if key.lower() in QUERY_SECRET_NAMES or is_secret_key(key):
+        return f"{key}={MASK}"
+    return match.group()
+
+
+def _mask_card(match: re.Match[str]) -> str:
+    digits = re.sub(r"\D", "", match.group())
+    return f"{MASK}{digits[-4:]}" if _is_card_number(digits) else match.group()
+
+
+def _is_card_number(digits: str) -> bool:
+    """A card's first digits (2221–2720 and 3–6: the card networks) and a valid Luhn checksum."""
+    if not (digits[0] in "3456" or 2221 <= int(digits[:4]) <= 2720):
+        return False
+    total = 0
+    for position, digit in enumerate(reversed(digits)):
+        value = int(digit) * (2 if position % 2 else 1)
+        total += value - 9 if value > 9 else value
+    return total % 10 == 0
 
 
 def redact_value(value: Any, sensitive: Iterable[str] = frozenset()) -> Any:

@@ -91,6 +91,8 @@ MIDDLEWARE = [
     # pages until it has given its code (tenancy/second_factor.py; it reads the session's device).
     "tenancy.second_factor.SecondFactorMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Every HTML page shows invisible and bidi characters as ⟨U+202E⟩ (console/middleware.py).
+    "console.middleware.ShowInvisibleCharacters",
     # Last: turns a lockout flagged during authentication into the lockout page (AXES_LOCKOUT_TEMPLATE).
     "axes.middleware.AxesMiddleware",
 ]
@@ -161,9 +163,16 @@ OTP_TOTP_THROTTLE_FACTOR = 1
 OTP_STATIC_THROTTLE_FACTOR = 1
 
 # The cache holds API throttle counters, which must be shared by every web process: set CACHE_URL
-# to Redis (redis://host:6379/1) or the database (dbcache://django_cache, after
-# `manage.py createcachetable`). Unset, a per-process memory cache: right for the one-process demo only.
+# to Redis (redis://host:6379/1) or Memcached (pymemcache://host:11211). Unset, a per-process memory
+# cache: right for the one-process demo only. The counters are atomic increments (api.throttling);
+# the database and file caches increment by read-then-write, which concurrent callers pass together.
 CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}
+_NOT_ATOMIC = ("DatabaseCache", "FileBasedCache", "DummyCache")
+if CACHES["default"]["BACKEND"].rsplit(".", 1)[-1] in _NOT_ATOMIC:
+    raise ImproperlyConfigured(
+        f"CACHE_URL names {CACHES['default']['BACKEND']}, whose increments are not atomic, so the API "
+        "throttles would not hold under concurrent callers: use redis:// or pymemcache://"
+    )
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -199,11 +208,9 @@ REST_FRAMEWORK = {
     # Roles are checked by each view; a token is further held to its scopes (api.auth.TokenScopes).
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "api.auth.TokenScopes"],
     # 429 with Retry-After past these rates: per user, and per address for anonymous callers and
-    # for wrong tokens (api.auth). Counted in the cache (CACHES: shared only when CACHE_URL is set).
-    "DEFAULT_THROTTLE_CLASSES": [
-        "rest_framework.throttling.AnonRateThrottle",
-        "rest_framework.throttling.UserRateThrottle",
-    ],
+    # for wrong tokens (api.auth). Counted atomically in the cache (api.throttling; CACHES: shared
+    # only when CACHE_URL is set).
+    "DEFAULT_THROTTLE_CLASSES": ["api.throttling.AnonRateThrottle", "api.throttling.UserRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {
         "anon": env.str("API_THROTTLE_ANON", default="60/min"),
         "user": env.str("API_THROTTLE_USER", default="600/min"),

@@ -3,8 +3,8 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView
 
+from api.views.schema import SchemaApi
 from config import metrics
 from console import second_factor
 
@@ -16,7 +16,7 @@ urlpatterns = [
     # After the password, approvers and admins give a code (tenancy/second_factor.py).
     path("accounts/second-factor/", second_factor.code, name="second-factor"),
     path("accounts/second-factor/enroll/", second_factor.enroll, name="second-factor-enroll"),
-    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/schema/", SchemaApi.as_view(), name="api-schema"),  # built once per process
     path("api/", include("api.urls")),
     path("console/", include("console.urls")),
     # Prometheus scrapes (a token or an allowed network: config/metrics.py). /healthz and /readyz are

@@ -18,6 +18,7 @@ from django.views import defaults
 from django.views.decorators.http import require_safe
 
 from console.access import tenant_ids_or_403
+from console.forms import ConsoleForm
 from tenancy.models import AccessEvent
 from tenancy.selectors import (
     ACCESS_LOG_ROLES,
@@ -30,7 +31,7 @@ from tenancy.services import record_access
 PAGE = 50
 
 
-class AccessFilterForm(forms.Form):
+class AccessFilterForm(ConsoleForm):
     kind = forms.ChoiceField(required=False, choices=[("", "any"), *AccessEvent.Kind.choices])
     user = forms.CharField(required=False, max_length=150, help_text="username, exactly")
     before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)

@@ -23,6 +23,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST, require_safe
 
 from console.access import tenant_ids_or_403
+from console.forms import ConsoleForm
 from runtime import alerts
 from runtime.models import Alert, AlertKind
 from tenancy.selectors import tenant_ids_for
@@ -38,7 +39,7 @@ SNOOZE_FOR = {
 SNOOZE_LABELS = [("1h", "1 hour"), ("4h", "4 hours"), ("1d", "1 day"), ("3d", "3 days")]
 
 
-class AlertFilterForm(forms.Form):
+class AlertFilterForm(ConsoleForm):
     status = forms.ChoiceField(
         required=False,
         choices=[
@@ -54,7 +55,7 @@ class AlertFilterForm(forms.Form):
     before = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
 
 
-class _Confirmed(forms.Form):
+class _Confirmed(ConsoleForm):
     confirm = forms.BooleanField(
         error_messages={"required": "Tick the confirmation box: nothing was recorded."}
     )

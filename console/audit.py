@@ -25,6 +25,7 @@ from audit import export
 from audit import selectors as audit_selectors
 from audit.anchor import last_run
 from console.access import AUDIT_ROLES, get_task_for_auditing, tenant_ids_or_403
+from console.forms import ConsoleForm
 from tasks import registry
 from tasks.audit_paths import verify_chain
 from tasks.states import State, Trigger
@@ -35,7 +36,7 @@ TAKEOVERS_SHOWN = 50
 EXPORT_TYPES = {"csv": "text/csv; charset=utf-8", "json": "application/json"}
 
 
-class EventSearchForm(forms.Form):
+class EventSearchForm(ConsoleForm):
     actor = forms.CharField(required=False, max_length=200, help_text="part of the actor id")
     since = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
     until = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))

@@ -19,6 +19,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from console.access import AUDIT_ROLES, tenant_ids_or_403
+from console.forms import ConsoleForm
 from runtime import bulk, controls
 from runtime.models import BulkOperation, BulkResult, Outcome
 from tasks import selectors
@@ -35,7 +36,7 @@ LIST_PAGE = 50
 NOT_FILTERS = ("ids", "target", "control", "reason", "scope", "escalate_to", "before", "after", "sort")
 
 
-class BulkForm(forms.Form):
+class BulkForm(ConsoleForm):
     control = forms.ChoiceField(choices=[(name, name) for name in controls.CONTROLS])
     target = forms.ChoiceField(choices=[("selected", "selected rows"), ("all", "everything matching")])
     reason = forms.CharField(max_length=2000, required=False)

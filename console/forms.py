@@ -4,19 +4,63 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 from django import forms
+from django.core.validators import ProhibitNullCharactersValidator
 
 from approvals import selectors as approval_selectors
 from approvals.models import ApprovalStatus
 from runtime import controls
-from tasks import registry
+from tasks import registry, values
 from tenancy.models import Tenant
 
 # Controls that stop or hold a task: the server refuses them without ``confirm`` ticked.
 DESTRUCTIVE = frozenset({"cancel", "quarantine"})
 
 
-def _problem(form: forms.Form) -> str:
+UNSTORABLE = "unstorable"  # the code of storable_text's error
+
+
+def storable_text(value: Any) -> None:
+    """Refuse text no database column can hold (``tasks.values.text_problem``: NUL, lone surrogates)."""
+    if isinstance(value, str) and (problem := values.text_problem(value)):
+        raise forms.ValidationError(f"This text {problem}: remove it.", code=UNSTORABLE)
+
+
+class ConsoleForm(forms.Form):
+    """The base of every console form (a test holds every console form to it).
+
+    Each text field refuses NUL and lone surrogates with one clear error (``storable_text``,
+    naming the character and where it is) instead of reaching PostgreSQL, which answered a NUL
+    in a saved view's name with a 500. It replaces Django's bare "Null characters are not allowed."
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for field in self.fields.values():
+            if isinstance(field, forms.CharField):
+                kept = [v for v in field.validators if not isinstance(v, ProhibitNullCharactersValidator)]
+                field.validators = [*kept, storable_text]
+
+    def unstorable(self) -> str | None:
+        """The first text refused by ``storable_text``, as a sentence naming its field; else None."""
+        for name, errors in self.errors.as_data().items():
+            for error in errors:
+                if error.code == UNSTORABLE:
+                    label = self.fields[name].label or name.replace("_", " ").capitalize()
+                    return f"{label}: {' '.join(error.messages)} Nothing was applied."
+        return None
+
+
+class SavedViewForm(ConsoleForm):
+    """A queue filter saved under a name (``tenancy.services.saved_view_create`` checks the rest)."""
+
+    name = forms.CharField(required=False, strip=False)
+    query = forms.CharField(required=False, strip=False)
+
+
+def _problem(form: ConsoleForm) -> str:
     """One sentence for the message shown after a refused post (the typed text is kept)."""
+    if unstorable := form.unstorable():
+        return unstorable
     if "reason" in form.errors:
         return "A reason is required (up to 2000 characters): nothing was applied."
     if "confirm" in form.errors:
@@ -26,7 +70,7 @@ def _problem(form: forms.Form) -> str:
     )
 
 
-class ControlForm(forms.Form):
+class ControlForm(ConsoleForm):
     """One operator control (``runtime.controls.CONTROLS``); the page builds one per control.
 
     Built with ``control=`` it enforces that control's confirmation; render it
@@ -64,7 +108,7 @@ class ControlForm(forms.Form):
         return _problem(self)
 
 
-class AnswerForm(forms.Form):
+class AnswerForm(ConsoleForm):
     """An operator's answer to the question a ``waiting_input`` task asks."""
 
     expected_version = forms.IntegerField(min_value=1, max_value=2**31 - 1, widget=forms.HiddenInput)
@@ -76,12 +120,14 @@ class AnswerForm(forms.Form):
         self.fields["answer"].label = question or "Answer"
 
     def problem(self) -> str:
+        if unstorable := self.unstorable():
+            return unstorable
         if "answer" in self.errors:
             return "An answer is required (up to 2000 characters): nothing was sent."
         return _problem(self)
 
 
-class RerunForm(forms.Form):
+class RerunForm(ConsoleForm):
     """Start a new task that runs a failed, expired or canceled one again."""
 
     reason = forms.CharField(
@@ -100,7 +146,7 @@ class RerunForm(forms.Form):
         return _problem(self)
 
 
-class CompensateForm(forms.Form):
+class CompensateForm(ConsoleForm):
     """Undo one effect a canceled task left done: a compensation run (``tasks.compensation``)."""
 
     action = forms.CharField(max_length=200, widget=forms.HiddenInput)
@@ -116,7 +162,7 @@ class CompensateForm(forms.Form):
         return _problem(self)
 
 
-class RevealForm(forms.Form):
+class RevealForm(ConsoleForm):
     """Reveal one masked field (``tasks.reveal``) with a reason: from a checkpoint version, or the newest."""
 
     field = forms.CharField(max_length=64, widget=forms.HiddenInput)
@@ -126,12 +172,14 @@ class RevealForm(forms.Form):
     reason = forms.CharField(max_length=500, label="Reason to reveal")
 
     def problem(self) -> str:
+        if unstorable := self.unstorable():
+            return unstorable
         if "reason" in self.errors:
             return "A reason is required to reveal a field (up to 500 characters): nothing was revealed."
         return _problem(self)
 
 
-class DecisionForm(forms.Form):
+class DecisionForm(ConsoleForm):
     decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
     digest = forms.RegexField(regex=r"^[0-9a-f]{64}$", widget=forms.HiddenInput)
     comment = forms.CharField(max_length=2000, required=False, widget=forms.Textarea(attrs={"rows": 2}))
@@ -139,7 +187,7 @@ class DecisionForm(forms.Form):
     confirmed = forms.BooleanField(required=False, widget=forms.HiddenInput)
 
 
-class InboxForm(forms.Form):
+class InboxForm(ConsoleForm):
     """The approvals list's filters: every one a select, so nothing free-form reaches a query."""
 
     status = forms.ChoiceField(required=False)

@@ -20,13 +20,14 @@ from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
 from console.access import get_task_for_user
+from console.forms import ConsoleForm
 from tasks import retention, selectors
 from tasks.exceptions import TaskNotFound
 from tasks.models import Task
 from tenancy.models import Role
 
 
-class LegalHoldForm(forms.Form):
+class LegalHoldForm(ConsoleForm):
     hold = forms.TypedChoiceField(
         choices=[("place", "Place a legal hold"), ("lift", "Lift the legal hold")],
         coerce=lambda value: value == "place",

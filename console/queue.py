@@ -14,6 +14,7 @@ from django.http import HttpRequest, HttpResponseBadRequest, QueryDict, Streamin
 from django.http.response import HttpResponseBase
 from django.utils import timezone
 
+from audit import export
 from tasks import selectors
 from tasks.leases import live_lease_exists
 from tasks.models import Task
@@ -96,10 +97,9 @@ def summary(request: HttpRequest) -> dict[str, Any]:
     return {"live": rows, "finished": shown(finished)}
 
 
-def _cell(value: Any) -> str:
-    """A CSV cell a spreadsheet will not evaluate (no leading ``=``, ``+``, ``-``, ``@``)."""
-    text = "" if value is None else str(value)
-    return f"'{text}" if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+def _cell(value: Any) -> Any:
+    """A CSV cell a spreadsheet will not evaluate: the audit exports' one rule."""
+    return export.spreadsheet_cell(None if value is None else str(value))
 
 
 class _Echo:

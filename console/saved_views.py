@@ -13,6 +13,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from console.forms import SavedViewForm
 from tasks.selectors import TaskFilter
 from tenancy import services
 from tenancy.models import SavedView
@@ -29,10 +30,16 @@ def _back(query: str) -> str:
 @login_required
 @require_POST
 def save(request: HttpRequest) -> HttpResponse:
+    form = SavedViewForm(request.POST)
     query = request.POST.get("query", "")
     try:
+        if not form.is_valid():
+            raise services.SavedViewRefused(form.unstorable() or form.errors.as_text())
         view = services.saved_view_create(
-            request.user, name=request.POST.get("name", ""), query=query, allowed_keys=QUEUE_KEYS
+            request.user,
+            name=form.cleaned_data["name"],
+            query=form.cleaned_data["query"],
+            allowed_keys=QUEUE_KEYS,
         )
     except services.SavedViewRefused as exc:
         messages.error(request, str(exc))

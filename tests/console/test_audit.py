@@ -14,6 +14,7 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
+from audit import export
 from audit import selectors as audit_selectors
 from audit.chain import GENESIS, HASHED_FIELDS, OPTIONAL_HASHED_FIELDS, link_hash, verify_events
 from audit.keys import chain_keys
@@ -66,8 +67,12 @@ def as_events(records: list[dict[str, Any]]) -> list[SimpleNamespace]:
 
 
 def from_csv(text: str) -> list[dict[str, Any]]:
-    """CSV cells back to the JSON types the hash saw: integers, and null for an empty parent."""
-    rows = list(csv.DictReader(io.StringIO(text)))
+    """CSV cells back to the JSON types the hash saw: the formula guard undone, integers, and null
+    for an empty parent."""
+    rows = [
+        {name: export.cell_text(cell) for name, cell in row.items()}
+        for row in csv.DictReader(io.StringIO(text))
+    ]
     for row in rows:
         for name in ("tenant_id", "state_version", "attempt", "event_id"):
             row[name] = int(row[name])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from django.template import Context, Template
 
-from console.templatetags.invisibles import visible
+from console.templatetags.invisibles import show_in_html, visible
 from tests.conftest import REFUND_INPUT, make_task
 from tests.console.test_approvals import ask, client_for
 
@@ -90,3 +90,34 @@ def test_a_bidi_override_in_a_tasks_input_is_shown_on_its_approval_page(acme, op
     assert RLO not in page
     inbox = client.get("/console/approvals/").content.decode()
     assert "⟨U+202E⟩" in inbox and RLO not in inbox
+
+
+# --- the one hook: every rendered page (issue 20, item 6) -------------------------------------------
+
+
+def test_a_page_shows_hidden_characters_as_spans_in_text_and_plain_markers_elsewhere():
+    page = (
+        f'<title>t{RLO}</title><p title="a{RLO}b">x{RLO}y</p><!-- {RLO} -->'
+        f'<textarea name="r">r{RLO}</textarea><script type="application/json">"{RLO}"</script>'
+    )
+    shown = show_in_html(page)
+    assert RLO not in shown
+    span = '<span class="invisible-char" title="right-to-left override">⟨U+202E⟩</span>'
+    assert f'<p title="a⟨U+202E⟩b">x{span}y</p>' in shown
+    assert "<title>t⟨U+202E⟩</title>" in shown and "<!-- ⟨U+202E⟩ -->" in shown
+    assert '<textarea name="r">r⟨U+202E⟩</textarea>' in shown and '"⟨U+202E⟩"</script>' in shown
+
+
+def test_a_page_without_hidden_characters_is_returned_as_it_is():
+    page = "<p>é — “quoted” 😀 עברית\u00a0</p>\n\t"
+    assert show_in_html(page) is page
+
+
+def test_every_html_answer_passes_the_hook_and_data_answers_do_not(operator, acme):
+    task = bidi_task(acme)
+    client = client_for(operator)
+    page = client.get("/console/").content.decode()
+    assert "⟨U+202E⟩" in page and RLO not in page
+    exported = b"".join(client.get("/console/export.csv").streaming_content).decode()
+    assert CARD in exported  # an export is data, byte for byte
+    assert task.objective in client.get(f"/api/tasks/{task.id}/").json()["objective"]

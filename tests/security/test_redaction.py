@@ -22,6 +22,7 @@ from opentelemetry.trace import Status, StatusCode
 from audit.models import TransitionEvent
 from audit.redaction import MASK, RedactingFilter, redact, redact_value, register_sensitive_fields
 from config.otel import RedactingExporter
+from ledger.connectors.base import Rejected
 from ledger.connectors.http import HTTPConnector
 from ledger.models import Action, DispatchState
 from runtime import runner
@@ -91,6 +92,61 @@ def test_redact_removes_url_credentials_tokens_and_secret_pairs(text, expected):
 )
 def test_redact_leaves_ordinary_reasons_alone(text):
     assert redact(text) == text
+
+
+# Issue 20 (item 6): URL credentials written with one slash, JSON-escaped or percent-encoded; secrets
+# in query strings under names that do not say "token"; card numbers and e-mail addresses in what a
+# connector's system answered.
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("GET https:/svc:pw@api.example/x failed", "GET https:/***@api.example/x failed"),
+        ('{"url": "https:\\/\\/svc:pw@api.example\\/x"}', '{"url": "https:\\/\\/***@api.example\\/x"}'),
+        ("next=https%3A%2F%2Fsvc%3Apw%40api.example%2Fx", "next=https%3A%2F%2F***%40api.example%2Fx"),
+        (
+            "GET /f?X-Amz-Credential=AKIA1/s3&X-Amz-Signature=9f8e&Expires=60",
+            "GET /f?X-Amz-Credential=***&X-Amz-Signature=***&Expires=60",
+        ),
+        (
+            "https://h/dl?signature=abc123&sig=def&key=AIzaSy0&page=2",
+            "https://h/dl?signature=***&sig=***&key=***&page=2",
+        ),
+        ("callback?auth=s3cr3t&jwt=eyJ.x.y;pwd=pw", "callback?auth=***&jwt=***;pwd=***"),
+        ("private_key: -----BEGIN", "private_key: ***"),
+        ("card 4111 1111 1111 1111 was declined", "card ***1111 was declined"),
+        ("pan=4111-1111-1111-1111", "pan=***1111"),
+        ("refused 5555555555554444 and 378282246310005", "refused ***4444 and ***0005"),
+        ("no account for bob.smith+refunds@mail.example.com", "no account for ***@mail.example.com"),
+    ],
+)
+def test_redact_removes_url_forms_query_secrets_cards_and_email_addresses(text, expected):
+    assert redact(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "order 4111111111111112 not found",  # 16 digits that fail the card checksum
+        "at 1764597600000 ms, 20261201140348 too",  # timestamps
+        "the key order_id is missing (key: order_id)",  # a dictionary key named in prose
+        "refund ref=A-1&page=2",
+    ],
+)
+def test_redact_leaves_numbers_that_are_no_card_and_keys_in_prose_alone(text):
+    assert redact(text) == text
+
+
+def test_a_connector_refusal_quoting_a_card_and_an_address_keeps_neither(monkeypatch, settings):
+    settings.CONNECTOR_URLS = {"payments": "https://pay.example"}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(422, text="card 4242 4242 4242 4242 of jane@customer.example declined")
+
+    client = httpx.Client(transport=httpx.MockTransport(handle))
+    monkeypatch.setattr("config.http.client", lambda: client)
+    with pytest.raises(Rejected) as refused:
+        HTTPConnector("payments").dispatch("k-1", {})
+    assert str(refused.value).endswith("(422): card ***4242 of ***@customer.example declined")
 
 
 def test_redact_removes_every_configured_secret_wherever_it_appears(settings):
