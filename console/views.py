@@ -99,6 +99,7 @@ def _approval_context(user: Any, approval: ApprovalRequest) -> dict[str, Any]:
         "earlier": earlier,
         "repeat_changes": approval_selectors.repeat_changes(earlier, approval) if earlier else [],
         "can_decide": approval_selectors.may_decide_now(user, approval),
+        "earlier_effects": approval_services.earlier_effects(approval),  # the money policy's duplicates
     }
 
 
