@@ -161,19 +161,18 @@ class EarlierEffect:
     description: str  # ``ledger.money.describe``: amount, when, by which task, how it stands
 
 
-def earlier_effects(request: ApprovalRequest) -> list[EarlierEffect]:
+def earlier_effects(request: ApprovalRequest, facts: dict[str, Any] | None) -> list[EarlierEffect]:
     """The effects for the business reference of ``request``'s action made before it was asked
     (the ones its policy reason names), for the request page to link; [] when the action declares
-    no reference or the task's facts cannot be read."""
+    no reference or the task's facts (``standing(request).facts``) could not be read. One read."""
     try:
         action = registry.get(request.task.task_type).step_as(request.action_step, registry.Dispatch)
-        facts = dict(task_services.latest_checkpoint(request.task).progress.facts)
-    except Exception:  # a vanished type or step, an unreadable checkpoint: nothing to list
+    except (KeyError, LookupError):  # a retired type or step: nothing to list
         return []
-    reference = action.money.reference_of(facts) if action.money is not None else ""
+    reference = action.money.reference_of(facts) if action.money is not None and facts is not None else ""
     if not reference:
         return []
-    found = money.earlier_movements(money.spender(request.task), reference)
+    found = money.earlier_movements(request.tenant_id, request.task_id, reference)
     return [
         EarlierEffect(m.action.task_id, money.describe(m))
         for m in found
@@ -466,6 +465,7 @@ class Standing:
 
     changed: bool  # the action built from the current facts is not what was asked
     evidence_now: list[dict[str, Any]] | None  # the evidence the task holds now; None: unreadable
+    facts: dict[str, Any] | None = None  # the task's facts now; None: unreadable
 
 
 def standing(request: ApprovalRequest) -> Standing:
@@ -480,7 +480,7 @@ def standing(request: ApprovalRequest) -> Standing:
         changed = digest(consequential_fields(action, dict(progress.facts))) != request.digest
     except Exception:  # a vanished step or facts it cannot be built from
         changed = True
-    return Standing(changed=changed, evidence_now=evidence_now)
+    return Standing(changed=changed, evidence_now=evidence_now, facts=dict(progress.facts))
 
 
 def changed_since_requested(request: ApprovalRequest) -> bool:

@@ -107,10 +107,10 @@ def running_total(
     return total or Decimal(0)
 
 
-def earlier_movements(who: Spender, reference: str) -> list[MoneyMovement]:
-    """Other tasks' counted movements in ``who``'s tenant for ``reference``, oldest first
-    (``money_by_reference``)."""
-    rows = counted(who.tenant_id).filter(reference=reference).exclude(action__task_id=who.task_id)
+def earlier_movements(tenant_id: int, task_id: UUID, reference: str) -> list[MoneyMovement]:
+    """Counted movements in the tenant for ``reference`` of tasks other than ``task_id``, oldest
+    first (``money_by_reference``)."""
+    rows = counted(tenant_id).filter(reference=reference).exclude(action__task_id=task_id)
     return list(rows.select_related("action").order_by("created_at")[:5])
 
 
@@ -158,7 +158,7 @@ def review(policy: MoneyPolicy, facts: Mapping[str, Any], who: Spender, *, now: 
                 )
     refused = None
     reference = policy.reference_of(facts)
-    earlier = earlier_movements(who, reference) if reference else []
+    earlier = earlier_movements(who.tenant_id, who.task_id, reference) if reference else []
     if earlier:
         named = reference.replace(":", " ", 1)
         found = Finding(

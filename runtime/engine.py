@@ -15,6 +15,7 @@ import functools
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
 from django.utils import timezone
@@ -463,7 +464,8 @@ def _reuse_earlier(
     """
     if task.rerun_of_id is None or task.compensates_id is not None:
         return None
-    lineage, at = [], task.rerun_of_id
+    lineage: list[UUID] = []
+    at: UUID | None = task.rerun_of_id
     while at is not None and len(lineage) < RERUN_DEPTH:
         lineage.append(at)
         at = Task.objects.filter(pk=at).values_list("rerun_of_id", flat=True).first()

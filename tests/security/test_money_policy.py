@@ -23,16 +23,20 @@ from typing import Any
 import pytest
 from django.test import Client
 from django.utils.html import escape
+from pydantic import BaseModel, ConfigDict
 
 from approvals.models import ApprovalRequest, ApprovalStatus
+from audit.models import TransitionEvent
 from demo.sandbox.models import Effect
 from ledger.models import Action
+from ledger.policy import MoneyPolicy
 from runtime import runner
 from tasks import registry
 from tasks.models import Task
 from tasks.states import State
 from tenancy.models import Role
 from tests.conftest import api_client_for, make_user
+from workflows import pay_invoice
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -226,6 +230,69 @@ def test_an_invoice_whose_first_payment_was_refused_is_paid_without_an_approval(
     second = start_payment(operator, "500.00", invoice="INV-7")
     assert second.state == State.COMPLETED
     assert len([p for p in payments() if p.status == "succeeded"]) == 1
+
+
+class _Fee(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    invoice_id: str
+    amount: Decimal
+    currency: str = "EUR"
+
+
+# A throwaway type declaring that the same invoice is never paid twice: refused, not asked about.
+PAY_ONCE = registry.TaskType(
+    name="pay_once",
+    description="pay an invoice at most once",
+    input_model=_Fee,
+    steps=(
+        registry.Dispatch(
+            "pay",
+            next="done",
+            connector="payments",
+            output="payment_ref",
+            approval="approve",
+            money=MoneyPolicy(
+                limits=pay_invoice.LIMITS,
+                reference="invoice_id",
+                reference_kind="invoice",
+                on_duplicate="refuse",
+            ),
+            effect=lambda f: {"kind": "charge", "invoice": f["invoice_id"], "amount": f["amount"]},
+        ),
+        registry.Complete("done", outcome=("payment_ref",)),
+        registry.RequestApproval("approve", next="pay", action_step="pay", on_rejected="no"),
+        registry.Fail("no", reason="payment_rejected_by_approver"),
+    ),
+)
+
+
+@pytest.fixture
+def pay_once():
+    registry.register(PAY_ONCE)
+    yield
+    registry._REGISTRY.pop(PAY_ONCE.name)  # a test's throwaway type
+
+
+def test_a_type_declaring_refuse_fails_the_second_payment_of_an_invoice_and_sends_nothing(
+    operator, acme, pay_once
+):
+    def start(key: str) -> Task:
+        body = {"task_type": "pay_once", "objective": "Pay INV-7", "idempotency_key": key,
+                "input": {"invoice_id": "INV-7", "amount": "10.00"}}  # fmt: skip
+        response = post(operator, "/api/tasks/", body)
+        assert response.status_code == 201, response.content
+        return run(Task.objects.get(pk=response.json()["id"]))
+
+    first = start("a")
+    assert first.state == State.COMPLETED
+    second = start("b")
+    assert (second.state, second.state_reason) == (State.FAILED, "duplicate_reference")
+    assert second.outcome == {"reason": "duplicate_reference", "step": "pay"}
+    event = TransitionEvent.objects.get(task=second, reason_code="duplicate_reference")
+    assert "invoice INV-7 was already paid: 10.00 EUR on" in event.reason and str(first.id) in event.reason
+    assert len(payments()) == 1
+    assert not Action.objects.filter(task=second).exists()
 
 
 # --- running totals -----------------------------------------------------------------------------------
