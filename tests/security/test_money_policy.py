@@ -356,24 +356,23 @@ def test_payments_in_flight_count_towards_the_running_total(operator, acme, sett
     assert start_payment(operator, "1000.00", invoice="INV-5").state == State.WAITING_APPROVAL
 
 
-def test_a_second_intent_committed_meanwhile_is_seen_by_the_guard_in_the_intents_transaction(operator, acme):
-    """The review runs again under the locks inside the intent's commit: a payment of the same
-    invoice committed after this task's review but before its commit sends it to approval."""
-    from ledger import money
+def test_an_intent_whose_review_missed_a_payment_committed_meanwhile_is_voided_in_its_commit(
+    operator, approver, acme, monkeypatch
+):
+    """Two payments of INV-7 racing: the second reviewed before the first committed (nothing found),
+    so it decides to intend. The review runs again under the locks inside the intent's own commit,
+    sees the first payment, and the intent is not committed; the next pass asks an approver."""
+    from approvals import services as approval_services
+    from ledger.money import Review
 
-    first = start_payment(operator, "500.00", invoice="INV-7")
-    policy = registry.get("pay_invoice").step_as("pay", registry.Dispatch).money
-    assert policy is not None
-    late = Task.objects.create(
-        tenant=acme, task_type="pay_invoice", objective="x", owner=operator, policy_version="1",
-        created_at=first.created_at, updated_at=first.created_at, state_entered_at=first.created_at,
-    )  # fmt: skip
-    facts = {"invoice_id": "INV-7", "amount": "1.00", "currency": "EUR"}
-    with pytest.raises(money.PolicyMoved, match="invoice INV-7 was already paid"):
-        from django.db import transaction
-
-        with transaction.atomic():
-            money.guard(policy, facts, money.spender(late), approved=False)()
+    start_payment(operator, "500.00", invoice="INV-7")
+    monkeypatch.setattr(approval_services, "money_review", lambda *args: Review())  # the stale review
+    second = start_payment(operator, "500.00", invoice="INV-7")
+    assert (second.state, second.state_version) == (State.READY, 1)  # its decision was discarded
+    assert not Action.objects.filter(task=second).exists()
+    monkeypatch.undo()
+    assert run(second).state == State.WAITING_APPROVAL
+    assert len(payments()) == 1
 
 
 # --- the declaration ---------------------------------------------------------------------------------
