@@ -6,8 +6,10 @@ undone), and an operator's rerun of it — a new task id, so new ledger keys —
 paid the invoice a second time. Now a rerun reaching a dispatch whose effect its
 original (or any task up its ``rerun_of`` chain) completed, with the same step
 and the same effect, records that effect as done with the original's outcome and
-sends nothing; its event says so (``effect_reused``). Counted at the sandbox over
-live HTTP.
+sends nothing; its event says so (``effect_reused``). A rerun whose effect
+differs (the order's total changed since) but pays the same business reference
+goes through a new approval that shows the earlier payment. Counted at the
+sandbox over live HTTP.
 """
 
 from __future__ import annotations
@@ -15,14 +17,21 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import BaseModel, ConfigDict
 
+from approvals.models import ApprovalRequest
 from audit.models import TransitionEvent
 from demo.sandbox.models import Effect
 from ledger.models import Action, DispatchState
+from ledger.policy import MoneyPolicy
+from tasks import registry
 from tasks.models import Task
+from tasks.registry import Complete, Dispatch, Fail, ReadEvidence, RequestApproval, TaskType
 from tasks.states import State
-from tests.conftest import api_client_for
+from tests.conftest import api_client_for, make_task
 from tests.runtime.payments import cancel, fault, run
+from tests.workflow import approve, put_order
+from workflows import pay_invoice
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -109,3 +118,72 @@ def test_a_rerun_of_a_task_whose_payment_failed_pays(operator, acme):
     new = rerun(operator, old)
     assert new.state == State.COMPLETED
     assert [e.status for e in invoice_payments("INV-7")] == ["succeeded"]
+
+
+class _Order(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    order_id: str
+    currency: str = "EUR"
+
+
+# A throwaway type paying an order's total as the orders system says it now: a rerun after the
+# total changed builds a different effect for the same order.
+PAY_TOTAL = TaskType(
+    name="pay_order_total",
+    description="pay the order's current total",
+    input_model=_Order,
+    steps=(
+        ReadEvidence("read", next="pay", system="orders", record_from="order_id", facts={"total": "total"}),
+        Dispatch(
+            "pay",
+            next="done",
+            connector="payments",
+            output="payment_ref",
+            approval="approve",
+            money=MoneyPolicy(
+                limits=pay_invoice.LIMITS, amount="total", reference="order_id", reference_kind="order"
+            ),
+            effect=lambda f: {
+                "kind": "charge",
+                "order": f["order_id"],
+                "amount": f["total"],
+                "currency": "EUR",
+            },
+        ),
+        Complete("done", outcome=("payment_ref",)),
+        RequestApproval("approve", next="pay", action_step="pay", on_rejected="no"),
+        Fail("no", reason="payment_rejected_by_approver"),
+    ),
+)
+
+
+@pytest.fixture
+def pay_total():
+    registry.register(PAY_TOTAL)
+    yield
+    registry._REGISTRY.pop(PAY_TOTAL.name)  # a test's throwaway type
+
+
+def test_a_rerun_whose_effect_differs_pays_the_same_order_only_through_an_approval_showing_the_first(
+    operator, approver, acme, pay_total
+):
+    put_order("A-7", total="40.00")
+    fault("timeout", seconds=1)
+    old = run(make_task(acme, task_type="pay_order_total", objective="Pay A-7", input={"order_id": "A-7"}))
+    assert old.state == State.OUTCOME_UNKNOWN
+    old = run(cancel(old, operator))
+    assert old.state == State.CANCELED  # the 40.00 was paid, and stays paid
+    put_order("A-7", total="45.00")  # the total changed since
+
+    new = rerun(operator, old)
+    assert (new.state, new.state_reason) == (State.WAITING_APPROVAL, "approval_requested")
+    assert len(Effect.objects.filter(system="payments")) == 1  # not paid again unasked
+    request = ApprovalRequest.objects.get(task=new)
+    assert request.consequential["effect"]["amount"] == "45.00"
+    assert "order A-7 was already paid: 40.00 EUR on" in request.policy_reason
+    assert str(old.id) in request.policy_reason
+
+    approve(new, approver)  # asked, explicitly: paid once more
+    assert run(Task.objects.get(pk=new.pk)).state == State.COMPLETED
+    assert Effect.objects.filter(system="payments").count() == 2
