@@ -109,7 +109,10 @@ class Dispatch(Step):
     ``effect`` builds the request from the accepted facts; the authoritative
     system's reference becomes fact ``output``. A definite refusal goes to
     ``on_rejected`` (or fails the task). ``compensates`` names the earlier
-    dispatch step whose effect this one undoes.
+    dispatch step whose effect this one undoes. ``money`` declares the money
+    policy of an effect that moves money (``ledger.policy``): when it finds
+    something (a limit, a running total, an earlier effect for the same business
+    reference), the effect waits for ``approval``; the request shows why.
     """
 
     connector: str = ""
