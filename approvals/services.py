@@ -96,8 +96,8 @@ def request_decision(
     # Why this needs an approval, shown on the approval card: the step's policy, and everything the
     # action's money policy found (a limit, a running total, an earlier effect for the same reference).
     review = money_review(task, action, facts)
-    findings = review.reasons if review is not None else []
-    policy_reason = " ".join(part for part in [step.reason, *(f"{line}." for line in findings)] if part)
+    shown = [*review.reasons, *review.notes] if review is not None else []
+    policy_reason = " ".join(part for part in [step.reason, *(f"{line}." for line in shown)] if part)
     material = material_snapshot(task, kind, facts)
     request = ApprovalRequest(
         task=task,

@@ -82,6 +82,9 @@ class Finding:
 class Review:
     findings: tuple[Finding, ...] = ()
     refused: Finding | None = None  # a duplicate reference under on_duplicate="refuse"
+    # How the declared limits stand where nothing was found (a running total below its limit): shown on
+    # a request asked for another reason, so the approver sees every declared check.
+    notes: tuple[str, ...] = ()
 
     @property
     def reasons(self) -> list[str]:
@@ -137,6 +140,7 @@ def describe(movement: MoneyMovement) -> str:
 def review(policy: MoneyPolicy, facts: Mapping[str, Any], who: Spender, *, now: datetime) -> Review:
     """Everything ``policy`` finds about one effect built from ``facts`` for ``who``."""
     findings = [Finding("money_limit", why) for why in policy.over_limit(facts)]
+    notes: list[str] = []
     amount, currency = policy.money(facts)
     limit = policy.limits.get(currency)
     if amount is not None and limit is not None:
@@ -148,14 +152,12 @@ def review(policy: MoneyPolicy, facts: Mapping[str, Any], who: Spender, *, now: 
             whom.append(("token", who.token_label or f"token {who.token_id}"))
         for by, name in whom:
             total = running_total(who, currency, since, by=by) + amount
+            so_far = f"running total for {name} over {_span(policy.window)}: {shown(total)} {currency}"
             if total > limit.total:
-                findings.append(
-                    Finding(
-                        "money_running_total",
-                        f"running total for {name} over {_span(policy.window)}: {shown(total)} {currency}"
-                        f" with this one, above the limit of {limit.total:,f} {currency}",
-                    )
-                )
+                why = f"{so_far} with this one, above the limit of {limit.total:,f} {currency}"
+                findings.append(Finding("money_running_total", why))
+            else:
+                notes.append(f"{so_far} of {limit.total:,f} {currency} with this one")
     refused = None
     reference = policy.reference_of(facts)
     earlier = earlier_movements(who.tenant_id, who.task_id, reference) if reference else []
@@ -170,7 +172,7 @@ def review(policy: MoneyPolicy, facts: Mapping[str, Any], who: Spender, *, now: 
             refused = found
         else:
             findings.append(found)
-    return Review(tuple(findings), refused)
+    return Review(tuple(findings), refused, tuple(notes))
 
 
 def movement(
@@ -191,26 +193,33 @@ def movement(
     )
 
 
+def unseen(found: Review, asked_at: datetime) -> list[MoneyMovement]:
+    """Earlier effects for the reference committed after ``asked_at``: an approval requested then
+    could not show them (``request_decision`` reviewed when it asked), so it does not cover them."""
+    duplicates = [f for f in (*found.findings, found.refused) if f is not None and f.earlier]
+    return [m for f in duplicates for m in f.earlier if m.created_at > asked_at]
+
+
 def guard(
-    policy: MoneyPolicy, facts: Mapping[str, Any], who: Spender, *, approved: bool
+    policy: MoneyPolicy, facts: Mapping[str, Any], who: Spender, *, approved_at: datetime | None
 ) -> Callable[[], None]:
     """A write for the intent's transaction: lock the requester, the token and the reference, then
     review again with every effect committed before; raise ``PolicyMoved`` when the intent no longer
-    passes (refused now, or it needs an approval it does not have). Waiters on a lock see the first
-    intent's row once it commits (READ COMMITTED reads anew per statement)."""
-    return functools.partial(_guard, policy, dict(facts), who, approved)
+    passes: refused now; without an approval (``approved_at`` None), anything found; with one asked
+    at ``approved_at``, an effect for the same reference it did not show. Waiters on a lock see the
+    first intent's row once it commits (READ COMMITTED reads anew per statement)."""
+    return functools.partial(_guard, policy, dict(facts), who, approved_at)
 
 
-def _guard(policy: MoneyPolicy, facts: dict[str, Any], who: Spender, approved: bool) -> None:
+def _guard(policy: MoneyPolicy, facts: dict[str, Any], who: Spender, approved_at: datetime | None) -> None:
     if connection.vendor == "postgresql":  # SQLite (the demo) has one writer at a time anyway
+        reference = policy.reference_of(facts)
         keys = sorted(
             key
             for key in (
                 f"money:{who.tenant_id}:{who.task_type}:{who.requester}" if who.requester else "",
                 f"money:token:{who.token_id}:{who.task_type}" if who.token_id is not None else "",
-                f"money:{who.tenant_id}:ref:{policy.reference_of(facts)}"
-                if policy.reference_of(facts)
-                else "",
+                f"money:{who.tenant_id}:ref:{reference}" if reference else "",
             )
             if key
         )
@@ -220,5 +229,8 @@ def _guard(policy: MoneyPolicy, facts: dict[str, Any], who: Spender, approved: b
     again = review(policy, facts, who, now=timezone.now())
     if again.refused is not None:
         raise PolicyMoved(again.refused.why)
-    if not approved and again.findings:
+    if approved_at is None and again.findings:
         raise PolicyMoved("; ".join(again.reasons))
+    late = unseen(again, approved_at) if approved_at is not None else []
+    if late:
+        raise PolicyMoved("made after the approval was asked: " + "; ".join(describe(m) for m in late))

@@ -270,7 +270,7 @@ def _run_step(
                 withdrawn = _withdraw_call(task, step, progress, call_cancel)
                 if withdrawn is not None:
                     return withdrawn
-            return _dispatch(task, kind, step, progress, facts, lease)
+            return _dispatch(task, kind, step, progress, facts, lease, now)
         case registry.StartChildren():
             return _start_children(task, step, progress, facts, now)
         case registry.Complete():
@@ -294,6 +294,7 @@ def _dispatch(
     progress: Progress,
     facts: dict[str, Any],
     lease: Held | None,
+    now: datetime | None = None,
 ) -> Decision | None:
     """One side effect: commit the intent, send it once, then record what the system said.
 
@@ -321,8 +322,8 @@ def _dispatch(
                 reason_code="duplicate_reference",
                 changes={"outcome": {"reason": "duplicate_reference", "step": step.name}},
             )
-    needs_approval = _needs_approval(task, step, action, review)
-    if needs_approval:
+    approved_at = None
+    if _needs_approval(task, step, action, review):
         # The approved action runs only as approved: recheck the binding right before the intent.
         approved = approvals.latest_request(task, step.approval)
         if approved is None or approved.status != ApprovalStatus.APPROVED:
@@ -335,6 +336,19 @@ def _dispatch(
                 progress.model_copy(update={"step": step.approval}),
                 reason=why,
                 reason_code=f"approval_{verdict}",
+            )
+        approved_at = approved.created_at
+        late = money.unseen(review, approved_at) if review is not None else []
+        if late:  # paid by another task since the approver looked: they have not consented to paying again
+            ask = kind.step_as(step.approval, registry.RequestApproval)
+            made = "; ".join(money.describe(m) for m in late)
+            return approvals.request_decision(
+                task,
+                kind,
+                ask,
+                progress,
+                now=now or timezone.now(),
+                why=f"re-approval: made since it was asked: {made}",
             )
     compensated = None
     if step.compensates and task.compensates_id:  # a compensation run: its canceled task's action
@@ -356,7 +370,7 @@ def _dispatch(
             who = money.spender(task)
             key = intent.idempotency_key(task.id)
             records = (money.movement(step.money, facts, who, idempotency_key=key, now=timezone.now()),)
-            check = money.guard(step.money, facts, who, approved=needs_approval)
+            check = money.guard(step.money, facts, who, approved_at=approved_at)
             also = (functools.partial(_money_still_passes, check),)
         return Decision(
             State.READY,

@@ -139,6 +139,9 @@ def test_the_approval_card_says_the_limit_the_amount_is_above(operator, approver
     request = ApprovalRequest.objects.get(task=task)
     why = "1,000.01 EUR is above EUR's limit of 1,000"
     assert why in request.policy_reason
+    # Every declared check is shown, also those that found nothing.
+    total = "running total for acme-operator over the last 24 hours: 1,000.01 EUR of 5,000 EUR with this one"
+    assert total in request.policy_reason
     api = api_client_for(approver).get(f"/api/approvals/{request.pk}/").json()
     assert why in api["policy_reason"]
     console = Client()
@@ -218,6 +221,32 @@ def test_the_same_invoice_paid_again_after_an_approval_is_paid_once_more(operato
     second = start_payment(operator, "500.00", invoice="INV-7")
     assert decide(approver, ApprovalRequest.objects.get(task=second), "approve").status_code == 200
     assert run(Task.objects.get(pk=second.pk)).state == State.COMPLETED
+    assert len(payments()) == 2
+
+
+def test_an_approval_asked_before_another_task_paid_the_invoice_does_not_cover_paying_it_again(
+    operator, approver, acme
+):
+    """The approver consented to 2,000 EUR for INV-7 when nobody had paid it; meanwhile another task
+    paid INV-7. The approval does not cover a second payment: the task asks again, showing it."""
+    big = start_payment(operator, "2000.00", invoice="INV-7")
+    assert big.state == State.WAITING_APPROVAL
+    other = make_user("acme-operator2", acme, Role.OPERATOR)
+    small = start_payment(other, "500.00", invoice="INV-7")  # no effect of big's yet: paid directly
+    assert small.state == State.COMPLETED
+    assert decide(approver, ApprovalRequest.objects.get(task=big), "approve").status_code == 200
+
+    big = run(Task.objects.get(pk=big.pk))
+    assert (big.state, big.state_reason) == (State.WAITING_APPROVAL, "approval_requested")
+    assert len(payments()) == 1
+    again = ApprovalRequest.objects.filter(task=big, status="pending").get()
+    assert "invoice INV-7 was already paid: 500.00 EUR on" in again.policy_reason
+    assert str(small.id) in again.policy_reason
+    event = TransitionEvent.objects.filter(task=big, reason_code="approval_requested").latest("state_version")
+    assert event.reason.startswith("re-approval: made since it was asked: 500.00 EUR")
+
+    assert decide(approver, again, "approve").status_code == 200
+    assert run(Task.objects.get(pk=big.pk)).state == State.COMPLETED
     assert len(payments()) == 2
 
 
