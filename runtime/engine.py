@@ -302,6 +302,12 @@ def _dispatch(
     its key, a sent action is never sent again while in doubt, and a settled
     one is only recorded. The send is fenced by ``lease`` (``LeaseLost`` when
     the task was taken over).
+
+    Before the intent: a rerun reuses the same effect its original completed
+    (``effect_reused``, nothing sent); the step's money policy may refuse it
+    (``duplicate_reference``, the task fails) or send it to its approval; an
+    approval asked before another task paid the same reference is asked again.
+    The intent's commit checks the policy once more (``StaleVersion`` when it moved).
     """
     if any(call.step == step.name for call in progress.tool_calls):
         return _advance_to(progress, step.next, task)  # done before a refresh or replan brought us back
