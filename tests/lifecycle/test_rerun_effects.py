@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.test import Client
 from pydantic import BaseModel, ConfigDict
 
 from approvals.models import ApprovalRequest
@@ -99,6 +100,12 @@ def test_the_rerun_says_it_reused_the_originals_outcome(operator, acme):
     event = TransitionEvent.objects.get(task=new, reason_code="effect_reused")
     assert original.idempotency_key in event.reason
     assert str(old.id) in event.reason and "nothing sent" in event.reason
+    console = Client()
+    console.force_login(operator)
+    page = console.get(f"/console/tasks/{new.id}/")
+    assert page.status_code == 200 and "effect_reused" in page.content.decode()  # the history shows it
+    api = api_client_for(operator).get(f"/api/tasks/{new.id}/events/").json()
+    assert "effect_reused" in json.dumps(api)
 
 
 def test_a_rerun_of_a_rerun_reuses_the_payment_made_two_tasks_back(operator, acme):
