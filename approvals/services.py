@@ -36,7 +36,7 @@ from opentelemetry import trace
 from approvals import authority
 from approvals.digest import digest
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Decision
-from ledger import integrity
+from ledger import integrity, money
 from tasks import doorbell, metrics, registry, sealing
 from tasks import services as task_services
 from tasks.checkpoints import ApprovalRef, Progress
@@ -98,11 +98,11 @@ def request_decision(
     action = kind.step_as(step.action_step, registry.Dispatch)
     facts = dict(progress.facts)
     fields = consequential_fields(action, facts)
-    # Why this needs an approval, shown on the approval card: the step's policy, and which of the
-    # action's money thresholds these facts are above.
-    policy_reason = " ".join(
-        part for part in [step.reason, *(f"{line}." for line in action.above_threshold(facts))] if part
-    )
+    # Why this needs an approval, shown on the approval card: the step's policy, and everything the
+    # action's money policy found (a limit, a running total, an earlier effect for the same reference).
+    review = money_review(task, action, facts)
+    shown = [*review.reasons, *review.notes] if review is not None else []
+    policy_reason = " ".join(part for part in [step.reason, *(f"{line}." for line in shown)] if part)
     material = material_snapshot(task, kind, facts)
     request = ApprovalRequest(
         task=task,
@@ -148,6 +148,42 @@ def request_decision(
         records=(request,),
         also=(grant_decide,),
     )
+
+
+def money_review(task: Task, action: registry.Dispatch, facts: dict[str, Any]) -> money.Review | None:
+    """What ``action``'s money policy finds about its effect from ``facts`` for ``task`` (None: the
+    action declares no policy). The engine asks before committing an intent; ``request_decision``
+    shows the same findings on the request."""
+    if action.money is None:
+        return None
+    return money.review(action.money, facts, money.spender(task), now=timezone.now())
+
+
+@dataclass(frozen=True)
+class EarlierEffect:
+    """An effect of another task for the same business reference, as a request page lists it."""
+
+    task_id: Any
+    description: str  # ``ledger.money.describe``: amount, when, by which task, how it stands
+
+
+def earlier_effects(request: ApprovalRequest, facts: dict[str, Any] | None) -> list[EarlierEffect]:
+    """The effects for the business reference of ``request``'s action made before it was asked
+    (the ones its policy reason names), for the request page to link; [] when the action declares
+    no reference or the task's facts (``standing(request).facts``) could not be read. One read."""
+    try:
+        action = registry.get(request.task.task_type).step_as(request.action_step, registry.Dispatch)
+    except (KeyError, LookupError):  # a retired type or step: nothing to list
+        return []
+    reference = action.money.reference_of(facts) if action.money is not None and facts is not None else ""
+    if not reference:
+        return []
+    found = money.earlier_movements(request.tenant_id, request.task_id, reference)
+    return [
+        EarlierEffect(m.action.task_id, money.describe(m))
+        for m in found
+        if m.created_at <= request.created_at
+    ]
 
 
 def latest_request(task: Task, step_name: str) -> ApprovalRequest | None:
@@ -449,6 +485,7 @@ class Standing:
 
     changed: bool  # the action built from the current facts is not what was asked
     evidence_now: list[dict[str, Any]] | None  # the evidence the task holds now; None: unreadable
+    facts: dict[str, Any] | None = None  # the task's facts now; None: unreadable
 
 
 def standing(request: ApprovalRequest) -> Standing:
@@ -465,7 +502,7 @@ def standing(request: ApprovalRequest) -> Standing:
         changed = changed or digest(request.opened("consequential")) != request.digest
     except Exception:  # a vanished step, facts it cannot be built from, a copy that cannot be opened
         changed = True
-    return Standing(changed=changed, evidence_now=evidence_now)
+    return Standing(changed=changed, evidence_now=evidence_now, facts=dict(progress.facts))
 
 
 def changed_since_requested(request: ApprovalRequest) -> bool:

@@ -97,8 +97,8 @@ Step = Callable[[int], None]  # performs transition number n of one writer
 
 # tasks_task columns in model order, as the ORM selects them.
 TASK_COLUMNS = (
-    "id", "tenant_id", "task_type", "owner_id", "region", "ownership_epoch", "checkpoint_schema", "parent_id",
-    "rerun_of_id", "compensates_id", "state",
+    "id", "tenant_id", "task_type", "owner_id", "region", "api_token_id", "ownership_epoch",
+    "checkpoint_schema", "parent_id", "rerun_of_id", "compensates_id", "state",
     "state_version", "state_reason", "outcome", "objective", "input", "idempotency_key", "request_digest",
     "deadline", "wait_deadline", "attempt", "policy_version", "model_id", "prompt_id", "toolset_id",
     "escalation_level", "escalated_to", "escalation_reason", "audit_head", "created_at", "updated_at",

@@ -100,6 +100,8 @@ def _approval_context(user: Any, approval: ApprovalRequest) -> dict[str, Any]:
         "repeat_changes": approval_selectors.repeat_changes(earlier, approval) if earlier else [],
         "can_decide": approval_selectors.may_decide_now(user, approval),
         "separation": approval_selectors.separation(approval, user),
+        # The money policy's earlier effects for the same business reference (the same invoice).
+        "earlier_effects": approval_services.earlier_effects(approval, standing.facts),
     }
 
 

@@ -109,3 +109,56 @@ class Action(models.Model):
 
     def __str__(self) -> str:
         return f"{self.connector} {self.idempotency_key} [{self.dispatch_state}]"
+
+
+class MoneyMovement(models.Model):
+    """What an intended effect moves, for the money policy (``ledger.money``): one row per intent of a
+    Dispatch that declares a ``MoneyPolicy``, committed with the intent (the same transition).
+
+    Who asked (the task's owner, and the API token the task was started with), how much in which
+    currency, and the business reference it pays (``invoice:INV-7``). Whether it counts — succeeded
+    or still in flight — is its action's ``dispatch_state``: one source of truth, read by a join.
+    """
+
+    action = models.OneToOneField(
+        Action, to_field="idempotency_key", on_delete=models.PROTECT, related_name="money"
+    )
+    tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.PROTECT, related_name="+")
+    task_type = models.CharField(max_length=64)
+    # Actor id of whoever the task pays for ("user:<name>"); "" for a task without an owner.
+    requester = models.CharField(max_length=200, blank=True, default="")
+    api_token = models.ForeignKey(
+        "tenancy.ApiToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    reference = models.CharField(max_length=200, blank=True, default="")  # "" when the type declares none
+    # In the currency's own units; NULL when the facts held no readable amount (that needed approval).
+    amount = models.DecimalField(max_digits=30, decimal_places=8, null=True, blank=True)
+    currency = models.CharField(max_length=16, blank=True, default="")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [
+            # ledger.money.running_total by requester: this requester's movements of one type and
+            # currency in the window (one range scan; each row's action joined by its unique key).
+            models.Index(
+                fields=["tenant", "task_type", "requester", "currency", "created_at"],
+                include=["amount"],
+                name="money_by_requester",
+            ),
+            # ledger.money.running_total by token: the same for the API token the task was started with.
+            models.Index(
+                fields=["api_token", "task_type", "currency", "created_at"],
+                include=["amount"],
+                condition=Q(api_token__isnull=False),
+                name="money_by_token",
+            ),
+            # ledger.money.earlier_movements: the tenant's earlier effects for one business reference.
+            models.Index(
+                fields=["tenant", "reference", "created_at"],
+                condition=~Q(reference=""),
+                name="money_by_reference",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.amount} {self.currency} for {self.reference or 'no reference'} ({self.action_id})"

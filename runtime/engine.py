@@ -15,13 +15,15 @@ import functools
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
+from django.utils import timezone
 
 from approvals import services as approvals
 from approvals.models import ApprovalStatus
 from audit.models import TransitionEvent
-from ledger import integrity
+from ledger import integrity, money
 from ledger.models import IN_DOUBT, SENDABLE, SETTLED_FAILED, SETTLED_OK, Action, DispatchState
 from ledger.services import action_move
 from runtime import alerts, db, dispatch, evidence, llm, reconcile, validation
@@ -269,7 +271,7 @@ def _run_step(
                 withdrawn = _withdraw_call(task, step, progress, call_cancel)
                 if withdrawn is not None:
                     return withdrawn
-            return _dispatch(task, kind, step, progress, facts, lease)
+            return _dispatch(task, kind, step, progress, facts, lease, now)
         case registry.StartChildren():
             return _start_children(task, step, progress, facts, now)
         case registry.Complete():
@@ -293,6 +295,7 @@ def _dispatch(
     progress: Progress,
     facts: dict[str, Any],
     lease: Held | None,
+    now: datetime | None = None,
 ) -> Decision | None:
     """One side effect: commit the intent, send it once, then record what the system said.
 
@@ -300,11 +303,34 @@ def _dispatch(
     its key, a sent action is never sent again while in doubt, and a settled
     one is only recorded. The send is fenced by ``lease`` (``LeaseLost`` when
     the task was taken over).
+
+    Before the intent: a rerun reuses the same effect its original completed
+    (``effect_reused``, nothing sent); the step's money policy may refuse it
+    (``duplicate_reference``, the task fails) or send it to its approval; an
+    approval asked before another task paid the same reference is asked again.
+    The intent's commit checks the policy once more (``StaleVersion`` when it moved).
     """
     if any(call.step == step.name for call in progress.tool_calls):
         return _advance_to(progress, step.next, task)  # done before a refresh or replan brought us back
-    approved = None
-    if step.needs_approval(facts):  # always when it names one, or above the type's money thresholds
+    effect = step.effect(facts)
+    action = Action.objects.filter(task=task, step=step.name).order_by("-id").first()
+    review = None
+    if action is None:  # the money policy and a rerun's earlier effects are weighed before the intent only
+        reused = _reuse_earlier(task, step, progress, facts, effect)
+        if reused is not None:
+            return reused
+        review = approvals.money_review(task, step, facts)
+        if review is not None and review.refused is not None:
+            return Decision(
+                State.FAILED,
+                Trigger.FAIL,
+                progress,
+                reason=review.refused.why,
+                reason_code="duplicate_reference",
+                changes={"outcome": {"reason": "duplicate_reference", "step": step.name}},
+            )
+    approved, approved_at = None, None
+    if _needs_approval(task, step, action, review):
         # The approved action runs only as approved: recheck the binding right before the intent.
         approved = approvals.latest_request(task, step.approval)
         if approved is None or approved.status != ApprovalStatus.APPROVED:
@@ -320,6 +346,19 @@ def _dispatch(
                 reason=why,
                 reason_code=f"approval_{verdict}",
             )
+        approved_at = approved.created_at
+        late = money.unseen(review, approved_at) if review is not None else []
+        if late:  # paid by another task since the approver looked: they have not consented to paying again
+            ask = kind.step_as(step.approval, registry.RequestApproval)
+            made = "; ".join(money.describe(m) for m in late)
+            return approvals.request_decision(
+                task,
+                kind,
+                ask,
+                progress,
+                now=now or timezone.now(),
+                why=f"re-approval: made since it was asked: {made}",
+            )
     compensated = None
     if step.compensates and task.compensates_id:  # a compensation run: its canceled task's action
         compensated = Action.objects.filter(pk=task.compensates_id).first()
@@ -328,18 +367,28 @@ def _dispatch(
     intent = ActionIntent(
         step=step.name,
         connector=step.connector,
-        effect=step.effect(facts),
+        effect=effect,
         compensates=compensated.pk if compensated else None,
     )
-    action = Action.objects.filter(task=task, step=step.name).order_by("-id").first()
     if action is None:
-        # Checkpoint before dispatching: the intent commits with this transition.
+        # Checkpoint before dispatching: the intent commits with this transition, and with it what
+        # the money policy counts (its movement), checked once more under locks in the same commit.
+        records: tuple[Any, ...] = ()
+        also: tuple[Any, ...] = ()
+        if step.money is not None:
+            who = money.spender(task)
+            key = intent.idempotency_key(task.id)
+            records = (money.movement(step.money, facts, who, idempotency_key=key, now=timezone.now()),)
+            check = money.guard(step.money, facts, who, approved_at=approved_at)
+            also = (functools.partial(_money_still_passes, check),)
         return Decision(
             State.READY,
             Trigger.STEP,
             progress.model_copy(update={"step": step.name}),
             reason=f"intends {step.connector}: {intent.effect.get('kind', step.name)}",
             actions=(intent,),
+            records=records,
+            also=also,
         )
     if action.idempotency_key != intent.idempotency_key(task.id) and action.dispatch_state not in SETTLED_OK:
         return quarantine(
@@ -412,6 +461,99 @@ def _not_as_intended(task: Task, progress: Progress, why: str) -> Decision:
         alerts.raise_for(AlertKind.EFFECT_DIGEST_MISMATCH, task.id)
 
     return dataclasses.replace(held, also=(raise_alert,))
+
+
+def _needs_approval(
+    task: Task, step: registry.Dispatch, action: Action | None, review: money.Review | None
+) -> bool:
+    """Must an approval of ``step.approval`` cover this effect?
+
+    Always when the step names one without a money policy (or with one that asks every time);
+    with a policy, before the intent when the review found something. Once the intent exists,
+    when one was asked for it: the intent's own commit checked the policy (``money.guard``), and
+    a policy that moved since then does not un-send or re-ask for an effect already committed.
+    """
+    if not step.approval:
+        return False
+    if step.money is None or step.money.always:
+        return True
+    if action is None:
+        return review is None or bool(review.findings)
+    return approvals.latest_request(task, step.approval) is not None
+
+
+def _money_still_passes(check: Any) -> None:
+    """Inside the intent's commit: the money policy's second look, under its locks. Another effect
+    committed since the review (a payment of the same invoice, a total now crossed) voids this
+    decision; the next pass reviews again and asks for the approval it now needs."""
+    try:
+        check()
+    except money.PolicyMoved as exc:
+        raise StaleVersion(f"the money policy no longer lets this intent pass: {exc}") from None
+
+
+# How far up a ``rerun_of`` chain a rerun looks for effects already done (a longer chain is a loop).
+RERUN_DEPTH = 50
+
+
+def _reuse_earlier(
+    task: Task, step: registry.Dispatch, progress: Progress, facts: dict[str, Any], effect: dict[str, Any]
+) -> Decision | None:
+    """A rerun reaching a dispatch its original (or a task up its ``rerun_of`` chain) completed —
+    same step, same effect (``effect_digest``), settled ok and not undone — records that effect as
+    done with the original's outcome and sends nothing (``effect_reused``). None: nothing to reuse.
+
+    A compensation run is not a rerun of its task's effects (it undoes one of them): never here.
+    An effect that differs is not reused; its business reference, if the type declares one, sends
+    it through an approval showing the earlier effect (``ledger.money``).
+    """
+    if task.rerun_of_id is None or task.compensates_id is not None:
+        return None
+    lineage: list[UUID] = []
+    at: UUID | None = task.rerun_of_id
+    while at is not None and len(lineage) < RERUN_DEPTH:
+        lineage.append(at)
+        at = Task.objects.filter(pk=at).values_list("rerun_of_id", flat=True).first()
+    digest = ActionIntent(step=step.name, connector=step.connector, effect=effect).digest
+    earlier = (
+        Action.objects.filter(
+            task_id__in=lineage,
+            step=step.name,
+            connector=step.connector,
+            effect_digest=digest,
+            dispatch_state__in=SETTLED_OK,
+            compensation_of__isnull=True,
+        )
+        .exclude(compensations__dispatch_state__in=SETTLED_OK)
+        .order_by("id")
+        .first()
+    )
+    if earlier is None:
+        return None
+    call = ToolCallRecord(
+        action_id=str(earlier.pk),
+        idempotency_key=earlier.idempotency_key,
+        step=step.name,
+        outcome=earlier.dispatch_state,
+    )
+    done = {**facts, step.output: earlier.external_ref} if step.output else facts
+    verdict = _advance_to(
+        progress,
+        step.next,
+        task,
+        facts=done,
+        tool_calls=[*progress.tool_calls, call],
+        output_refs=[*progress.output_refs, f"{step.connector}:{earlier.external_ref}"],
+    )
+    return dataclasses.replace(
+        verdict,
+        reason=(
+            f"{step.name}: reused the outcome of {earlier.idempotency_key} ({earlier.dispatch_state},"
+            f" external ref {earlier.external_ref or 'none'}) from task {earlier.task_id}, which this task"
+            " reruns: nothing sent"
+        ),
+        reason_code="effect_reused",
+    )
 
 
 def _turn_canceled(

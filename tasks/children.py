@@ -60,6 +60,7 @@ def start(parent: Task, step: str, specs: Sequence[Mapping[str, Any]], *, actor:
             input=dict(spec.get("input") or {}),
             actor=actor,
             owner=parent.owner,
+            api_token=parent.api_token if parent.api_token_id else None,  # its payments count against it too
             deadline=parent.deadline,
             idempotency_key=key(parent.id, step, index),
             parent=parent,

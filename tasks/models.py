@@ -23,6 +23,11 @@ class Task(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     region = models.CharField(max_length=32, default="default")
+    # The API token the task was started with (None: a console session, a worker, a parent): the money
+    # policy's running totals per token (``ledger.money``) read it. A rerun keeps its task's token.
+    api_token = models.ForeignKey(
+        "tenancy.ApiToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     # Which region may advance the task, as of which ownership: ``manage.py failover`` bumps it, and every
     # worker's commit carries the epoch its lease was claimed at (``tasks.leases``), so a commit from the
     # region that lost the task is refused (``StaleEpoch``).

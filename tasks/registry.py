@@ -16,11 +16,11 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, StringConstraints
 
+from ledger.policy import MoneyPolicy
 from tasks import sealing
 
 ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
@@ -109,7 +109,10 @@ class Dispatch(Step):
     ``effect`` builds the request from the accepted facts; the authoritative
     system's reference becomes fact ``output``. A definite refusal goes to
     ``on_rejected`` (or fails the task). ``compensates`` names the earlier
-    dispatch step whose effect this one undoes.
+    dispatch step whose effect this one undoes. ``money`` declares the money
+    policy of an effect that moves money (``ledger.policy``): when it finds
+    something (a limit, a running total, an earlier effect for the same business
+    reference), the effect waits for ``approval``; the request shows why.
     """
 
     connector: str = ""
@@ -121,49 +124,17 @@ class Dispatch(Step):
     # Keys of the effect that carry sensitive facts: sealed in the ledger row (``tasks.sealing``),
     # opened only to send it. The task type checks at registration that none is forgotten.
     sensitive: frozenset[str] = frozenset()
-    # Money policy: with thresholds (fact -> limit), the effect needs ``approval`` only when a
-    # fact is above its limit; without, always. See ``above_threshold``.
-    approval_above: Mapping[str, Decimal] = field(default_factory=dict)
+    # Money policy (``ledger.money.MoneyPolicy``): limits per currency, running totals per requester
+    # and per API token, the business reference. With one, the effect needs ``approval`` only when
+    # the policy finds something; without, always (when ``approval`` is named).
+    money: MoneyPolicy | None = None
 
     def __post_init__(self) -> None:
-        if self.approval_above and not self.approval:
-            raise ValueError(f"{self.name}: approval_above needs the approval step that asks")
+        if self.money is not None and not self.approval:
+            raise ValueError(f"{self.name}: a money policy needs the approval step that asks")
 
     def targets(self) -> set[str]:
         return {self.next, self.on_rejected, self.compensates, self.approval}
-
-    def above_threshold(self, facts: Facts) -> list[str]:
-        """Why these facts need an approval under ``approval_above``, one line per fact over its limit.
-
-        Fails closed: a fact that is missing or not a finite number counts as above,
-        since "we could not tell how much" must not mean "no approval". A limit is in
-        the unit of the fact itself (an amount in the invoice's own currency): there is
-        no exchange rate to convert with, and a rate that moves would unbind an approval.
-        """
-        over = []
-        for name, limit in self.approval_above.items():
-            value = facts.get(name)
-            amount = _decimal(value)
-            if amount is None:
-                over.append(f"{name} {value!r} is not a number the threshold of {limit:,f} can be checked on")
-            elif amount > limit:
-                over.append(f"{name} {amount:,f} is above the approval threshold of {limit:,f}")
-        return over
-
-    def needs_approval(self, facts: Facts) -> bool:
-        """Must an approval of ``approval`` cover this effect before its intent is committed?"""
-        return bool(self.approval) and (not self.approval_above or bool(self.above_threshold(facts)))
-
-
-def _decimal(value: Any) -> Decimal | None:
-    """``value`` as a finite Decimal (facts hold amounts as text), or None when it is not one."""
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        amount = Decimal(str(value))
-    except InvalidOperation:
-        return None
-    return amount if amount.is_finite() else None
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,7 @@ def task_create(
     first_step: str = "",
     facts: dict[str, Scalar] | None = None,
     compensates: Any = None,
+    api_token: Any = None,
 ) -> tuple[Task, bool]:
     """Start a task, or return the one started before with the same key.
 
@@ -96,6 +97,8 @@ def task_create(
     compensation run (``tasks.compensation``), where it starts, what it knows
     there and what it undoes; by default the type's first step and the facts
     of its input.
+    ``api_token``: the ``tenancy.ApiToken`` the request came with, if any (the money policy's
+    running totals per token count the task's payments against it).
     ``nested``: inside the caller's transaction (a parent starting children);
     the doorbell rings once that commits.
     Returns ``(task, created)``. Raises ``InvalidTaskInput`` (field errors)
@@ -131,6 +134,7 @@ def task_create(
         objective=objective,
         input=accepted,
         owner=owner,
+        api_token=api_token,
         deadline=deadline,
         idempotency_key=idempotency_key or None,
         request_digest=digest,
@@ -180,13 +184,15 @@ def task_rerun(
 ) -> tuple[Task, bool]:
     """Start a new task that runs ``task`` again; ``task`` itself is never written.
 
-    The new task has the same type, objective, input, owner, tenant, parent and
-    region, and ``rerun_of=task``. It is a new idempotency scope: a new id, so
+    The new task has the same type, objective, input, owner, API token, tenant,
+    parent and region, and ``rerun_of=task``. It is a new idempotency scope: a new id, so
     its ledger keys (task id + step + effect) differ from the old task's, and
     no task-level ``idempotency_key`` unless the caller gives one (the same key
     again returns the same rerun, ``created=False``). The old deadline is not
     carried over (an expired task's has passed): ``deadline`` sets a new one.
-    Its creation event says which task it reruns and why.
+    Its creation event says which task it reruns and why. An effect the old task
+    (or one it reran) already completed is not sent again: the engine reuses its
+    outcome (``runtime.engine``, ``effect_reused``).
 
     Refuses with ``TransitionNotAllowed`` unless ``task`` is failed, expired
     or canceled; ``InvalidTaskInput`` when the old input no longer fits the
@@ -215,6 +221,7 @@ def task_rerun(
         input=submitted,
         actor=actor,
         owner=task.owner,
+        api_token=task.api_token,  # its payments still count against the token that asked for them
         deadline=deadline,
         idempotency_key=idempotency_key,
         parent=task.parent,

@@ -1,8 +1,11 @@
 """pay_invoice: pay one invoice — the smallest task with a side effect.
 
-Money policy: a payment above ``APPROVAL_ABOVE`` waits for an approver before
-its intent is committed; at or below it, it is paid directly. The limit is in
-the invoice's own currency (see ``tasks.registry.Dispatch.above_threshold``).
+Money policy (``MONEY``, see ``ledger.money``): a payment waits for an approver
+before its intent is committed when it is above its currency's limit (or in a
+currency the table does not name), when it brings its requester's or its API
+token's payments of the last 24 hours above the currency's running limit, or
+when the invoice was already paid (or is being paid) by another task — the
+approval request shows that payment. Otherwise it is paid directly.
 """
 
 from __future__ import annotations
@@ -12,10 +15,26 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from ledger.policy import CurrencyLimit, MoneyPolicy
 from tasks.registry import Complete, Dispatch, Fail, RequestApproval, ShortText, TaskType, register
 
-# Above this amount one operator (or integrator) token cannot move money alone.
-APPROVAL_ABOVE = Decimal("1000")
+
+def _limit(each: str) -> CurrencyLimit:
+    # A requester (or one API token) moves at most five such payments a day without an approver.
+    return CurrencyLimit(each=Decimal(each), total=Decimal(each) * 5)
+
+
+# Per currency, in its own units: above ``each`` one operator (or integrator) token cannot move money
+# alone. A currency not listed here (XAU, a typo, a new one) always needs an approver.
+LIMITS = {
+    "USD": _limit("1000"),
+    "EUR": _limit("1000"),
+    "GBP": _limit("800"),
+    "CHF": _limit("1000"),
+    "JPY": _limit("150000"),
+    "KWD": _limit("250"),
+}
+MONEY = MoneyPolicy(limits=LIMITS, reference="invoice_id", reference_kind="invoice", verb="paid")
 
 
 class PayInvoiceInput(BaseModel):
@@ -39,7 +58,7 @@ register(
                 connector="payments",
                 output="payment_ref",
                 approval="approve",
-                approval_above={"amount": APPROVAL_ABOVE},
+                money=MONEY,
                 effect=lambda f: {
                     "kind": "charge",
                     "invoice": f["invoice_id"],
@@ -48,13 +67,13 @@ register(
                 },
             ),
             Complete("done", outcome=("invoice_id", "amount", "payment_ref")),
-            # Reached only from "pay", when the amount is above the threshold.
+            # Reached only from "pay", when the money policy finds something to ask about.
             RequestApproval(
                 "approve",
                 next="pay",
                 action_step="pay",
                 on_rejected="approval_rejected",
-                reason=f"Payments above {APPROVAL_ABOVE:,f} need an approver's consent (money threshold).",
+                reason="This payment needs an approver's consent under the money policy:",
             ),
             Fail("approval_rejected", reason="payment_rejected_by_approver"),
         ),

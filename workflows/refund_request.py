@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from ledger.policy import CurrencyLimit, MoneyPolicy
 from tasks.registry import (
     AwaitExternal,
     Complete,
@@ -34,6 +35,19 @@ class RefundRequestInput(BaseModel):
     amount: Decimal = Field(gt=0, max_digits=12, decimal_places=2)
     currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")] = "USD"
     reason: Annotated[str, StringConstraints(max_length=2000)] = ""
+
+
+# Refunds always need an approver (``approve``); the policy adds to what the request shows: an amount
+# above its currency's limit, a running total, or the order refunded already by another task.
+MONEY = MoneyPolicy(
+    limits={
+        code: CurrencyLimit(each=Decimal("500"), total=Decimal("2500")) for code in ("USD", "EUR", "GBP")
+    },
+    reference="order_id",
+    reference_kind="order",
+    verb="refunded",
+    always=True,
+)
 
 
 def triage(facts: Mapping[str, Any]) -> str:
@@ -111,6 +125,7 @@ register(
                 output="payment_ref",
                 on_rejected="close_ticket",
                 approval="approve",
+                money=MONEY,
                 sensitive=frozenset({"card"}),
                 effect=lambda f: {
                     "kind": "refund",

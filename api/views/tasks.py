@@ -30,7 +30,7 @@ from tasks import compensation, registry, selectors, services
 from tasks.models import Checkpoint, Task
 from tasks.states import ActorKind, State
 from tasks.transitions import Actor
-from tenancy.models import Role, Scope, Tenant
+from tenancy.models import ApiToken, Role, Scope, Tenant
 from tenancy.selectors import tenant_ids_for, tenants_for
 
 MAX_VERSION = 2**31 - 1
@@ -131,6 +131,7 @@ class TaskCollectionApi(APIView):
                 deadline=data.get("deadline"),
                 idempotency_key=data.get("idempotency_key"),
                 owner=request.user,
+                api_token=request.auth if isinstance(request.auth, ApiToken) else None,
                 actor=Actor.user(request.user, ActorKind.INTEGRATOR),
             )
         except services.InvalidTaskInput as exc:
