@@ -51,7 +51,13 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # `python bench/approvals.py` puts bench/ first, not the project
 
-from bench.common import DEFAULT_SERVER_URL, recreate_database, setup_client_benchmark, with_dbname  # noqa: E402
+from bench.common import (  # noqa: E402
+    DEFAULT_SERVER_URL,
+    recreate_database,
+    setup_client_benchmark,
+    signed_in_client,
+    with_dbname,
+)
 
 GOAL = 1.2
 
@@ -198,7 +204,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         setup_client_benchmark(url)
         from django.contrib.auth import get_user_model
-        from django.test import Client
 
         from tenancy.models import Role, Tenant
         from tenancy.services import grant_role, role_group
@@ -210,8 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         grant_role(operator, tenant, Role.OPERATOR)
         grant_role(approver, tenant, Role.APPROVER)
         group = role_group(tenant, Role.APPROVER)
-        client = Client()
-        client.force_login(approver)
+        client = signed_in_client(approver)
 
         from console import views
 

@@ -121,3 +121,19 @@ def setup_client_benchmark(url: str) -> None:
     }
     override_settings(STORAGES=storages).enable()
     call_command("migrate", verbosity=0, interactive=False)
+
+
+def signed_in_client(user: Any) -> Any:
+    """A test client signed in as ``user`` past the second factor, as a person who gave a code would be
+    (approvers and admins give one: ``tenancy.second_factor``); the benches time pages, not logins."""
+    from django.test import Client
+    from django_otp import DEVICE_ID_SESSION_KEY
+    from django_otp.plugins.otp_totp.models import TOTPDevice
+
+    client = Client()
+    client.force_login(user)
+    device, _ = TOTPDevice.objects.get_or_create(user=user, name="bench", defaults={"confirmed": True})
+    session = client.session
+    session[DEVICE_ID_SESSION_KEY] = device.persistent_id
+    session.save()
+    return client

@@ -64,6 +64,7 @@ from bench.common import (  # noqa: E402
     recreate_database,
     settle,
     setup_client_benchmark,
+    signed_in_client,
     with_dbname,
 )
 
@@ -210,7 +211,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup_client_benchmark(url)
         from django.contrib.auth import get_user_model
         from django.core.cache import cache
-        from django.test import Client
 
         from bench.approvals import _bulk_requests, _real_request
         from tenancy.models import Role, Tenant
@@ -222,8 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for role in (Role.OPERATOR, Role.APPROVER, Role.AUDITOR):
             user = users.create_user(username=f"bench-{role}", password="x")
             grant_role(user, tenant, role)
-            clients[role] = Client()
-            clients[role].force_login(user)
+            clients[role] = signed_in_client(user)
         operator = users.get(username=f"bench-{Role.OPERATOR}")
         op, appr, aud = clients[Role.OPERATOR], clients[Role.APPROVER], clients[Role.AUDITOR]
 

@@ -513,7 +513,7 @@ class Humans:
     code; anything else it raises is an error. Calls planned for after a task's end run once it has.
     """
 
-    approvers: tuple[Any, Any]
+    approvers: tuple[Any, ...]
     integrator: Any  # tasks.transitions.Actor
     humans: dict[UUID, Human] = field(default_factory=dict)
     tally: dict[str, Counter[str]] = field(
@@ -607,7 +607,7 @@ class Humans:
                 f"decisions: {task.id} waits for approval at v{task.state_version}, no request"
             )
             return
-        first, second = self.approvers
+        first, second = self._deciders(request)
         other = "reject" if human.decision == "approve" else "approve"
         if human.stuck and task.id not in self.stuck:
             self._never_answered(task, request)
@@ -624,6 +624,16 @@ class Humans:
             self._call("decisions", _decision(request, second, other))
         if human.decide_late:
             self._after_end(task, lambda: self._call("decisions", _decision(request, second, other)))
+
+    def _deciders(self, request: ApprovalRequest) -> tuple[Any, Any]:
+        """Who decides ``request`` and who contradicts: the first approver separation of duties lets
+        decide it (one who decided an earlier request for this action may not: a repeat request goes
+        to another), and another approver."""
+        from approvals import authority
+
+        may = [user for user in self.approvers if authority.refusal(user, request) is None]
+        first = may[0] if may else self.approvers[0]
+        return first, next(user for user in self.approvers if user != first)
 
     def _never_answered(self, task: Task, request: ApprovalRequest) -> None:
         """The refund's payment is performed but answered ambiguously, and from then on the payments
@@ -877,8 +887,12 @@ class Soak:
         )
 
 
-def seed(plan: Plan) -> tuple[Any, tuple[Any, Any]]:
-    """The tenant, two approvers, every task type's policy at the default version, the order records."""
+# Approvers enough that a request asked again (and again) still finds one who decided none before.
+APPROVERS = 4
+
+
+def seed(plan: Plan) -> tuple[Any, tuple[Any, ...]]:
+    """The tenant, its approvers, every task type's policy at the default version, the order records."""
     from django.conf import settings
     from django.contrib.auth import get_user_model
 
@@ -889,7 +903,9 @@ def seed(plan: Plan) -> tuple[Any, tuple[Any, Any]]:
     from tenancy.services import grant_role
 
     tenant = Tenant.objects.create(slug="soak", name="Soak")
-    approvers = tuple(get_user_model().objects.create_user(username=f"soak-approver{n}") for n in (1, 2))
+    approvers = tuple(
+        get_user_model().objects.create_user(username=f"soak-approver{n}") for n in range(1, APPROVERS + 1)
+    )
     for approver in approvers:
         grant_role(approver, tenant, Role.APPROVER)
     Policy.objects.bulk_create(
@@ -900,7 +916,7 @@ def seed(plan: Plan) -> tuple[Any, tuple[Any, Any]]:
         for script in plan.scripts
         if script.order is not None
     )
-    return tenant, (approvers[0], approvers[1])
+    return tenant, approvers
 
 
 # ---------------------------------------------------------------------------
