@@ -16,7 +16,7 @@ PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check --require-
 PIP_TOOLS ?= pip-tools==7.6.2
 LOCK_VENV ?= var/pip-tools
 
-.PHONY: install install-dev demo test soak-tests chaos bench bench-e2e bench-leases bench-approvals bench-console bench-all lint locks
+.PHONY: install install-dev demo demo-code test soak-tests chaos bench bench-e2e bench-leases bench-approvals bench-console bench-all lint locks
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,11 @@ install-dev: $(BIN)/python  # runtime + test + lint tools: make test, make lint,
 # The app is production-safe by default (DEBUG off, no start without SECRET_KEY, no sandbox): the demo
 # asks for a development run with the sandbox on, explicitly. Its keys are public, for a laptop only.
 DEMO_ENV ?= DEBUG=1 SANDBOX_ENABLED=1 SECRET_KEY=demo-only-insecure-key SANDBOX_TOKEN=demo-only-sandbox-token
+# The six digits the demo's approvers and admins give now (from seed_demo's public DEMO_TOTP_SECRET),
+# for a laptop without an authenticator app.
+demo-code: install
+	@$(DEMO_ENV) $(BIN)/python manage.py seed_demo --code
+
 demo: install
 	$(DEMO_ENV) $(BIN)/python manage.py migrate --noinput
 	$(DEMO_ENV) $(BIN)/python manage.py seed_demo

@@ -8,6 +8,7 @@ as ``make demo`` runs them, and every standing case is still standing.
 from __future__ import annotations
 
 from datetime import timedelta
+from io import StringIO
 
 import pytest
 from django.conf import settings as django_settings
@@ -17,7 +18,13 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from audit.models import TransitionEvent as Event
-from demo.management.commands.seed_demo import DEMO_TOTP_SECRET, LONG_HISTORY, STUCK_REGION, TENANTS
+from demo.management.commands.seed_demo import (
+    DEMO_TOTP_SECRET,
+    LONG_HISTORY,
+    STUCK_REGION,
+    TENANTS,
+    give_demo_device,
+)
 from demo.sandbox.models import Fault
 from ledger.models import Action, DispatchState
 from runtime.reconcile import reconcile_unknown
@@ -164,3 +171,14 @@ def test_demo_approvers_and_admins_sign_in_with_the_public_demo_secret_and_opera
     operator = Client()
     landed = operator.post("/accounts/login/", {"username": "acme-operator", "password": "demo"}, follow=True)
     assert landed.request["PATH_INFO"] == "/console/"
+
+
+def test_seed_demo_code_prints_the_code_a_demo_approver_signs_in_with(approver, settings):
+    settings.DEBUG = True
+    give_demo_device(approver)  # as seed_demo does for every demo approver and admin
+    out = StringIO()
+    call_command("seed_demo", "--code", stdout=out)
+    client = Client()
+    client.post("/accounts/login/", {"username": approver.username, "password": "pw"})
+    response = client.post("/accounts/second-factor/", {"code": out.getvalue().strip()}, follow=True)
+    assert response.request["PATH_INFO"] == "/console/approvals/"

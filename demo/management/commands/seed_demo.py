@@ -43,6 +43,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
+from django_otp.oath import TOTP
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
 from approvals import services as approvals
@@ -95,9 +96,19 @@ def _refund(order: str, amount: str) -> dict:
 class Command(BaseCommand):
     help = "Create demo tenants, users and tasks (idempotent). Refuses to run with DEBUG off."
 
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--code",
+            action="store_true",
+            help="only print the demo authenticator's code of the moment (for a laptop without a TOTP app)",
+        )
+
     def handle(self, *args, **options):
         if not settings.DEBUG:
             raise CommandError("seed_demo refuses to run under production settings (DEBUG is off).")
+        if options["code"]:
+            self.stdout.write(f"{TOTP(base64.b32decode(DEMO_TOTP_SECRET)).token():06d}")
+            return
         password = os.environ.get("DEMO_PASSWORD", "demo")
         seed_sandbox()
         seed_policies()
