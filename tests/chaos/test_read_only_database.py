@@ -16,18 +16,26 @@ from __future__ import annotations
 import time
 from collections import Counter
 from contextlib import contextmanager
+from datetime import timedelta
 from decimal import Decimal
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import DatabaseError, InternalError, connection, connections, transaction
+from django.utils import timezone
 
+from config import metrics as metrics_config
 from demo.sandbox.models import Effect, Fault
 from ledger.models import Action
+from runtime import reconnect, runner
+from runtime.heartbeats import Heartbeats
+from runtime.loop import Loop
+from tasks import leases, liveness
 from tasks.liveness import APPLICATION_NAME as LIVENESS_APPLICATION_NAME
-from tasks.models import Task
+from tasks.models import Lease, Task
 from tasks.states import State
 from tests.conftest import make_task
+from tests.observability.test_metrics import scrape, value
 from tests.workflow import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -39,6 +47,7 @@ DONE_WITHIN = 10.0  # seconds after the database takes writes again
 # A lease TTL as in production: a lease left behind by the refusal would hold its task this long,
 # far past DONE_WITHIN, so only leases given back on recovery let the test pass.
 LEASE_TTL = 30.0
+ERRORS = "durable_worker_database_errors_total"
 WORKER_ENV = {"LEASE_TTL_SECONDS": str(LEASE_TTL), "LOG_LEVEL": "WARNING"}
 
 
@@ -153,3 +162,96 @@ def test_workers_ride_out_a_read_only_database_and_finish_every_task_once(
     assert [invoice for invoice, n in paid.items() if n > 1] == []
     actions = Action.objects.filter(connector="payments")
     assert Counter(actions.values_list("task_id", flat=True)) == Counter({t.pk: 1 for t in tasks})
+
+
+# --- the same, one piece at a time, in this process --------------------------------------------------
+
+
+def error_of(sql: str, *, read_only: bool = False) -> DatabaseError:
+    """What the real PostgreSQL answers ``sql`` with."""
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            if read_only:
+                cursor.execute("SET TRANSACTION READ ONLY")
+            cursor.execute(sql)
+    except DatabaseError as error:
+        return error
+    raise AssertionError(f"{sql!r} went through")
+
+
+def test_a_write_refused_as_read_only_is_handled_like_a_lost_connection(db):
+    refused = error_of(f"UPDATE {Task._meta.db_table} SET updated_at = updated_at", read_only=True)
+    assert isinstance(refused, InternalError) and not isinstance(refused, reconnect.CONNECTION_LOST)
+    assert (reconnect.sqlstate(refused), reconnect.classify(refused)) == ("25006", "read_only")
+    assert (
+        reconnect.classify(error_of("SELECT 1/0")) == reconnect.UNCLASSIFIED
+    )  # 22012: not the server's state
+
+
+def test_the_claim_loop_survives_database_errors_it_cannot_classify_and_counts_them(db, client, settings):
+    settings.METRICS_CACHE_SECONDS, settings.METRICS_TOKEN = 0, ""
+    settings.METRICS_ALLOW_IPS = ["127.0.0.1/32"]
+    assert metrics_config.configure()
+    before = scrape(client)
+    rounds: list[int] = []
+
+    def chores() -> int:
+        rounds.append(1)
+        if len(rounds) <= 2:
+            with connection.cursor() as cursor:  # 42P01, raised as Django's ProgrammingError
+                cursor.execute("SELECT * FROM no_such_table_i21ro")
+        return 0
+
+    loop = Loop("w-i21ro", "nowhere-i21ro", 1, timedelta(seconds=30), idle=0.01, chores=chores, chore_every=0)
+    try:
+        assert loop.run(should_stop=lambda: len(rounds) >= 3)  # returned, not raised, after two failures
+    finally:
+        liveness.stop()
+        connections.close_all()
+    assert len(rounds) == 3
+    labels = {"reason": "unclassified", "where": "claim"}
+    counted = value(scrape(client), ERRORS, **labels) - value(before, ERRORS, **labels)
+    assert counted == 2
+
+
+def test_a_slot_that_meets_an_unclassified_error_gives_its_lease_back_at_once(acme, monkeypatch):
+    task = make_task(acme)
+    runs: list[leases.Held] = []
+
+    def run_task(task_id, *, held, **kwargs) -> str:
+        runs.append(held)
+        if len(runs) == 1:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT * FROM no_such_table_i21ro")
+        return "completed"
+
+    monkeypatch.setattr(runner, "run_task", run_task)
+    deadline = time.monotonic() + 10  # far below the lease's 30 s: only a lease given back is claimed again
+    loop = Loop("w-i21ro", "default", 1, timedelta(seconds=30), idle=0.05)
+    try:
+        loop.run(should_stop=lambda: len(runs) >= 2 or time.monotonic() > deadline)
+    finally:
+        liveness.stop()
+        connections.close_all()
+    assert [held.task_id for held in runs] == [task.pk, task.pk], "the task was not claimed again"
+
+
+def test_the_heartbeat_thread_beats_again_on_a_fresh_session_once_the_database_takes_writes(acme):
+    held = leases.claim(make_task(acme).pk, worker_id="w-i21ro", region="default", ttl=timedelta(seconds=30))
+    assert held is not None
+    beats = Heartbeats(timedelta(seconds=30), every=0.1)
+    beats.hold(held)
+    try:
+        with read_only_database():  # the thread's session starts read-only, and would stay so
+            beats.start()
+            time.sleep(1.0)
+            assert beats._thread is not None and beats._thread.is_alive()
+        writable_at = timezone.now()
+        wait_for(
+            lambda: Lease.objects.get(task_id=held.task_id).heartbeat_at > writable_at,
+            timeout=5,
+            what="a beat once the database takes writes",
+        )
+    finally:
+        beats.stop()
+        liveness.stop()
