@@ -55,5 +55,6 @@ def drain_pool() -> None:
     opened while it was read-only — a session keeps the read-only default it
     started with after the server takes writes again.
     """
-    if pooled():
-        connections["default"].pool.drain()
+    pool = getattr(connections["default"], "pool", None) if pooled() else None  # PostgreSQL's wrapper only
+    if pool is not None:
+        pool.drain()

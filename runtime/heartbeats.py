@@ -34,7 +34,7 @@ from uuid import UUID
 
 from django.db import connections
 
-from runtime.reconnect import drop_connections, noted
+from runtime.reconnect import drop_connections, noted, server_gone
 from tasks import cancellation, leases, liveness, metrics
 
 log = logging.getLogger(__name__)
@@ -138,8 +138,7 @@ class Heartbeats:
                     self.beat()
                 except Exception as error:  # never let the beating thread die quietly
                     # Away or refusing: nothing to extend now; the slots find out on their own.
-                    noted(error, where="heartbeat")
-                    drop_connections()
+                    drop_connections(pool=server_gone(noted(error, where="heartbeat")))
         finally:
             connections.close_all()
 

@@ -5,15 +5,17 @@ failover) or answers but refuses our writes (a demoted primary or a reader
 behind the writer's address: "read-only transaction"; an administrator's or a
 crash's shutdown; a server still in recovery; too many connections). Those
 server states (``REFUSING``, by SQLSTATE) are treated as a lost connection;
-any other database error is survived too, as "unclassified" (STYLE: a long
-loop survives every database error it cannot classify). ``recover``:
+a transaction that lost to another (``CONFLICT``) is simply tried again; any
+other database error is survived too, as "unclassified" (STYLE: a long loop
+survives every database error it cannot classify). ``recover``:
 
 1. logs and counts the error by what it means (``classify``: its SQLSTATE,
    ``durable_worker_database_errors_total``);
-2. drops this thread's connections and the idle sessions of the process's pool
-   (``runtime.db.drain_pool``) — outside the request cycle Django never replaces a
-   broken connection by itself, and a session opened while the server was
-   read-only stays read-only after it is writable again;
+2. drops this thread's connections and, when the server's state is to blame,
+   the idle sessions of the process's pool (``runtime.db.drain_pool``) —
+   outside the request cycle Django never replaces a broken connection by
+   itself, and a session opened while the server was read-only stays
+   read-only after it is writable again;
 3. waits (exponential backoff with full jitter, capped at a few seconds, so a
    fleet of workers does not reconnect in lockstep) and tries again, until the
    database answers *and takes writes*;
@@ -55,6 +57,9 @@ REFUSING = {
     "57P03": "cannot_connect_now",  # starting up, shutting down, or in recovery (a standby)
     "53300": "too_many_connections",
 }
+# Another transaction won (serialization failure, deadlock): the server is fine, the transaction is
+# retried — no sessions to drop beyond this thread's, which stays usable.
+CONFLICT = {"40001": "serialization_failure", "40P01": "deadlock"}
 CONNECTION = "connection_lost"
 UNCLASSIFIED = "unclassified"
 
@@ -85,13 +90,21 @@ def sqlstate(error: BaseException) -> str | None:
 
 
 def classify(error: BaseException) -> str:
-    """What ``error`` says about the database: a ``REFUSING`` reason, ``CONNECTION`` or ``UNCLASSIFIED``."""
+    """What ``error`` says about the database: a ``REFUSING`` or ``CONFLICT`` reason, ``CONNECTION`` or
+    ``UNCLASSIFIED``."""
     code = sqlstate(error)
     if code in REFUSING:
         return REFUSING[code]
+    if code in CONFLICT:
+        return CONFLICT[code]
     if isinstance(error, CONNECTION_LOST):
         return CONNECTION
     return UNCLASSIFIED
+
+
+def server_gone(reason: str) -> bool:
+    """Whether ``reason`` (``classify``) says the server's sessions went bad together, not just ours."""
+    return reason == CONNECTION or reason in REFUSING.values()
 
 
 def noted(error: BaseException, *, where: str) -> str:
@@ -101,20 +114,21 @@ def noted(error: BaseException, *, where: str) -> str:
     if reason == UNCLASSIFIED:
         log.error("database error in %s (SQLSTATE %s); backing off", where, sqlstate(error), exc_info=error)
     else:
-        log.warning("database unavailable in %s: %s (SQLSTATE %s, %s: %s); reconnecting",
+        log.warning("database error in %s: %s (SQLSTATE %s, %s: %s); backing off, retrying",
                     where, reason, sqlstate(error), type(error).__name__, error)  # fmt: skip
     return reason
 
 
-def drop_connections() -> None:
-    """Close every database connection of this thread, broken or not, and the idle sessions of the
-    process's pool (those in use end when given back); the next query opens a new one."""
+def drop_connections(*, pool: bool = True) -> None:
+    """Close every database connection of this thread, broken or not, and (``pool``) the idle sessions of
+    the process's pool (those in use end when given back); the next query opens a new one."""
     for conn in connections.all(initialized_only=True):
         # Closing a dead socket may complain; the wrapper forgets the connection either way.
         with contextlib.suppress(DatabaseError):
             conn.close()
-    with contextlib.suppress(DatabaseError):
-        db.drain_pool()
+    if pool:
+        with contextlib.suppress(DatabaseError):
+            db.drain_pool()
 
 
 def takes_writes() -> bool:
@@ -146,11 +160,11 @@ def recover(
     Returns False, without having reached the database, if ``stopping()`` turned
     true or ``give_up_after`` seconds passed first.
     """
-    noted(error, where=where)
+    gone = server_gone(noted(error, where=where))
     started = time.monotonic()
     backoff = backoff or Backoff()
     while True:
-        drop_connections()
+        drop_connections(pool=gone)
         pause = time.monotonic() + backoff.next()
         while time.monotonic() < pause:
             if stopping() or (give_up_after is not None and time.monotonic() - started > give_up_after):
@@ -165,7 +179,9 @@ def recover(
                     log.info("database still read-only")
                     continue
         except Exception as still_down:  # refusing or not, the next try may do
-            log.info("database still unavailable (%s)", classify(still_down))
+            reason = classify(still_down)
+            gone = gone or server_gone(reason)
+            log.info("database still unavailable (%s)", reason)
             continue
         log.warning(
             "database back (writable) after %.1fs; released %d lease(s) held when it went away",
