@@ -46,3 +46,15 @@ def released() -> Iterator[None]:
     if pooled() and conn.connection is not None and not conn.in_atomic_block:
         conn.close()
     yield
+
+
+def drain_pool() -> None:
+    """End every idle session of this process's pool (one in use ends when given back); new ones replace them.
+
+    For a server whose sessions went bad together: terminated by a failover, or
+    opened while it was read-only — a session keeps the read-only default it
+    started with after the server takes writes again.
+    """
+    pool = getattr(connections["default"], "pool", None) if pooled() else None  # PostgreSQL's wrapper only
+    if pool is not None:
+        pool.drain()

@@ -14,6 +14,13 @@ request (one more query), and signals the slot running it.
 
 The same thread checks the process's liveness connection (``tasks.liveness``)
 and reopens it after a database restart.
+
+It never dies: a beat the database refuses (lost, read-only, shut down) or
+fails for a reason nobody classified is logged and counted by its SQLSTATE
+(``runtime.reconnect.noted``), its connections and the pool's idle ones are
+dropped (a session opened while the server was read-only stays read-only),
+and it beats again at its own pace (``ttl / 3``: already slow enough not to
+hammer a struggling server, and any slower would let live leases lapse).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from uuid import UUID
 
 from django.db import connections
 
-from runtime.reconnect import CONNECTION_LOST, drop_connections
+from runtime.reconnect import drop_connections, noted, server_gone
 from tasks import cancellation, leases, liveness, metrics
 
 log = logging.getLogger(__name__)
@@ -129,12 +136,9 @@ class Heartbeats:
                     if not liveness.healthy():
                         liveness.ensure()
                     self.beat()
-                except CONNECTION_LOST:
-                    # The database is away: nothing to extend now; the slots find out on their own.
-                    log.warning("heartbeat failed: database unavailable")
-                    drop_connections()
-                except Exception:  # never let the beating thread die quietly
-                    log.exception("heartbeat failed")
+                except Exception as error:  # never let the beating thread die quietly
+                    # Away or refusing: nothing to extend now; the slots find out on their own.
+                    drop_connections(pool=server_gone(noted(error, where="heartbeat")))
         finally:
             connections.close_all()
 

@@ -15,6 +15,13 @@ claim (``tasks.leases.claim_next``), hands each to a slot, and waits for a
 slot to free up (or ``idle`` seconds when nothing was runnable). One thread
 (``runtime.heartbeats``) extends every in-flight lease together.
 
+A database that goes away or refuses (read-only after a failover, a shutdown,
+recovery in progress) and any database error nobody classified: never an
+exit, nor a slot thread ending quietly. The main thread, each slot and the
+heartbeat thread log and count it, drop their connections and the pool's idle
+ones, back off and go on (``runtime.reconnect``); a slot first gives its task's
+lease back once the database takes writes, so the task is claimed anew.
+
 Draining (SIGTERM): no new claims; each slot stops at its next step boundary
 and gives its lease back, so another worker resumes the task at once; after
 ``drain`` seconds the process exits with whatever is still in hand — its
@@ -59,13 +66,15 @@ class Loop:
         """Loop until ``should_stop()``; False if tasks were still in hand after ``drain`` seconds."""
         try:
             liveness.ensure()
-        except reconnect.CONNECTION_LOST:  # the database is away: the heartbeat thread takes the lock later
+        except Exception as error:  # the database is away: the heartbeat thread takes it later
+            reconnect.noted(error, where="claim")
             log.warning("no liveness lock yet: the database is not answering")
         beats = Heartbeats(self.ttl)
         beats.start()
         in_flight: set[Future[str]] = set()
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="slot")
         chores_due = 0.0
+        trouble = reconnect.Backoff()  # grows over consecutive failed rounds, reset by a clean one
         try:
             while not should_stop():
                 try:
@@ -78,8 +87,11 @@ class Loop:
                     # single slot frees up would double the work under load. Idle, claim whatever is free.
                     enough = free >= max(1, self.concurrency // 4) or not in_flight
                     claimed = self._claim(free) if free > 0 and enough else []
-                except reconnect.CONNECTION_LOST as error:
-                    if not reconnect.recover(self.worker_id, error, stopping=should_stop, release=False):
+                    trouble.attempt = 0
+                except Exception as error:  # lost, refused or unclassified: never an exit
+                    if not reconnect.recover(
+                        self.worker_id, error, stopping=should_stop, release=False, backoff=trouble
+                    ):
                         break
                     continue  # the heartbeat thread retakes the liveness lock if it went with the database
                 for lease in claimed:
@@ -119,11 +131,11 @@ class Loop:
                 lease.task_id, worker_id=self.worker_id, region=self.region, ttl=self.ttl,
                 held=lease, heartbeats=beats, stopping=self.draining.is_set,
             )  # fmt: skip
-        except reconnect.CONNECTION_LOST as error:
+        except Exception as error:  # lost, refused or unclassified: the slot lives on
             beats.drop(lease)
             if not reconnect.recover(
                 self.worker_id, error, task_id=lease.task_id, stopping=self.draining.is_set,
-                give_up_after=self.ttl.total_seconds(),
+                give_up_after=self.ttl.total_seconds(), where="slot",
             ):  # fmt: skip
                 return "database_unavailable"
             return "lease_released"  # recover gave it back: any worker (this one too) claims it anew

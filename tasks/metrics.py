@@ -70,6 +70,10 @@ APPROVAL_LATENCY = _seconds(
 APPROVALS_EXPIRED = _counter("durable_approvals_expired", "Approval requests that expired undecided")
 HEARTBEATS = _counter("durable_worker_heartbeats", "Lease heartbeats a worker process sent, by worker id")
 LEASES_LOST = _counter("durable_leases_lost", "Leases a worker's heartbeat found lost, by worker id")
+DATABASE_ERRORS = _counter(
+    "durable_worker_database_errors",
+    "Database errors a worker rode out (reconnected, backed off), by reason (SQLSTATE class) and where",
+)
 
 
 def transitioned(trigger: str, task_type: str, *, left: datetime | None = None, at: datetime) -> None:
@@ -166,6 +170,11 @@ def heartbeat(held: Iterable[_Held], lost: Collection[Any]) -> None:
             LEASES_LOST.add(1, {"worker": lease.worker_id})
     for worker in workers:
         HEARTBEATS.add(1, {"worker": worker})
+
+
+def database_error(reason: str, where: str) -> None:
+    """A database error a worker met and rode out (``runtime.reconnect``), by what it means and where."""
+    DATABASE_ERRORS.add(1, {"reason": reason, "where": where})
 
 
 def _since(start: datetime, end: datetime) -> float:
