@@ -66,7 +66,8 @@ def _release_for_lost_child(pid: int, task_id: str) -> None:
     name="tasks.run_task", acks_late=True, reject_on_worker_lost=True, Request=DoorbellRequest
 )
 def run_task(task_id: str) -> str:
-    """Run the task the doorbell names; wait out a database restart instead of dropping it."""
+    """Run the task the doorbell names; wait out a database restart, or a server that answers but
+    refuses writes (read-only, shutting down: ``reconnect.classify``), instead of dropping it."""
     me, ttl = worker_id(), settings.LEASE_TTL_SECONDS
     while True:
         try:
@@ -78,7 +79,7 @@ def run_task(task_id: str) -> str:
                 ttl=timedelta(seconds=ttl),
                 heartbeats=heartbeats.shared(timedelta(seconds=ttl)),
             )
-        except reconnect.CONNECTION_LOST as error:
+        except (*reconnect.CONNECTION_LOST, DatabaseError) as error:
             # Past a lease's TTL there is nothing left to give back and the sweep rings again:
             # stop holding this pool process and the doorbell.
             if not reconnect.recover(me, error, task_id=task_id, give_up_after=ttl):

@@ -255,3 +255,26 @@ def test_the_heartbeat_thread_beats_again_on_a_fresh_session_once_the_database_t
     finally:
         beats.stop()
         liveness.stop()
+
+
+def test_the_celery_entry_point_waits_out_a_write_refused_as_read_only_and_runs_the_task(acme, monkeypatch):
+    from runtime import workers
+
+    task = make_task(acme)
+    runs: list[str] = []
+
+    def run_task(task_id, **kwargs) -> str:
+        runs.append(task_id)
+        if len(runs) == 1:  # the server answers, but refuses the write (25006, an InternalError)
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION READ ONLY")
+                cursor.execute(f"UPDATE {Task._meta.db_table} SET updated_at = updated_at")
+        return "completed"
+
+    monkeypatch.setattr(runner, "run_task", run_task)
+    try:
+        assert workers.run_task.run(str(task.pk)) == "completed"  # not raised: retried once writes work
+    finally:
+        liveness.stop()
+        connections.close_all()
+    assert runs == [str(task.pk), str(task.pk)]
