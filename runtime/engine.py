@@ -420,7 +420,7 @@ def _dispatch(
             outcome=action.dispatch_state,
         )
         done = {**facts, step.output: action.external_ref} if step.output else facts
-        verdict = _advance_to(
+        settled = _advance_to(
             progress,
             step.next,
             task,
@@ -429,11 +429,11 @@ def _dispatch(
             output_refs=[*progress.output_refs, f"{step.connector}:{action.external_ref}"],
         )
         if not action.duplicates_suppressed:
-            return verdict
+            return settled
         # The system had this key already (e.g. a task re-created with its client's key after a restore):
         # the chain says the step is done on the system's first result, not on a new effect.
         return dataclasses.replace(
-            verdict,
+            settled,
             reason=(
                 f"{step.name}: {step.connector} answered {action.idempotency_key} with the result it"
                 f" recorded first (external ref {action.external_ref or 'none'}): performed once, not again"

@@ -59,7 +59,7 @@ def _stable_scope(task: Task) -> keys.Scope | None:
         earlier = Task.objects.filter(compensates_id=task.compensates_id, id__lt=task.id).count()
         return keys.compensation_scope(task.tenant_id, undone[0], earlier)
     position = child_position(task)
-    if position is not None:
+    if position is not None and task.parent_id is not None:
         parent = Task.objects.filter(pk=task.parent_id).first()
         inherited = _stable_scope(parent) if parent is not None else None
         if inherited is None:
