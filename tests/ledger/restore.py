@@ -1,4 +1,8 @@
-"""A restore from a backup taken before some tasks existed, as far as those tasks are concerned.
+"""A restore from a backup taken before some tasks existed.
+
+``dump`` and ``restore`` do it for real: ``pg_dump`` of every table but the
+sandbox's, then, later, every such table emptied and the dump loaded back
+(sequences included), as an operator restoring the task database would.
 
 ``forget`` deletes the tasks and every row that refers to them, found through the
 schema's foreign keys (whatever table a later change adds), as the owner and past
@@ -9,9 +13,15 @@ they performed survives, as an external system's records survive our restore.
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Iterable
+from pathlib import Path
 
 from django.db import connection
+
+SANDBOX_TABLES = "sandbox_*"  # the payment system's own database, which our restore does not reach
+MIGRATIONS = "django_migrations"  # the schema is the same before and after: only the data goes back
 
 # (referencing table, its column, referenced table, referenced column) of every single-column FK.
 FOREIGN_KEYS = """
@@ -74,3 +84,63 @@ def forget(task_ids: Iterable[object]) -> int:
         finally:
             cursor.execute("SET session_replication_role = DEFAULT")
     return deleted
+
+
+def _client_env() -> tuple[list[str], dict[str, str]]:
+    """Connection arguments and environment of the libpq tools for the test database."""
+    db = connection.settings_dict
+    env = {**os.environ, "PGPASSWORD": db.get("PASSWORD") or ""}
+    return ["-h", db["HOST"] or "127.0.0.1", "-p", str(db["PORT"] or 5432), "-U", db["USER"]], env
+
+
+def dump(path: Path) -> Path:
+    """A data-only backup of the task database as it is now (every table but the sandbox's)."""
+    args, env = _client_env()
+    name = connection.settings_dict["NAME"]
+    subprocess.run(
+        [
+            "pg_dump",
+            *args,
+            "--data-only",
+            "--format=custom",
+            f"--exclude-table={SANDBOX_TABLES}",
+            f"--exclude-table={MIGRATIONS}",
+            "-f",
+            str(path),
+            name,
+        ],  # fmt: skip
+        check=True,
+        env=env,
+    )
+    return path
+
+
+def restore(path: Path) -> None:
+    """Our tables back to ``path``'s backup: emptied (past every guard) and loaded from it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT quote_ident(tablename) FROM pg_tables WHERE schemaname = 'public'"
+            " AND tablename NOT LIKE 'sandbox\\_%%' AND tablename <> %s",
+            [MIGRATIONS],
+        )
+        tables = [row[0] for row in cursor.fetchall()]
+        cursor.execute("SET session_replication_role = replica")
+        try:
+            cursor.execute(f"TRUNCATE {', '.join(tables)}")
+        finally:
+            cursor.execute("SET session_replication_role = DEFAULT")
+    args, env = _client_env()
+    subprocess.run(
+        [
+            "pg_restore",
+            *args,
+            "--data-only",
+            "--disable-triggers",
+            "--exit-on-error",
+            "-d",
+            connection.settings_dict["NAME"],
+            str(path),
+        ],  # fmt: skip
+        check=True,
+        env=env,
+    )

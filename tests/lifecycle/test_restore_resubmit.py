@@ -27,6 +27,7 @@ from tasks.models import Task
 from tasks.states import State
 from tasks.transitions import Actor
 from tests.conftest import api_client_for
+from tests.ledger import restore
 from tests.ledger.restore import forget
 from tests.runtime.payments import fault, run
 
@@ -75,6 +76,18 @@ def test_a_resubmitted_create_after_a_restore_pays_the_invoice_once(operator, ac
     [only] = payments_of("INV-21")  # exactly one payment for the invoice
     assert only.pk == paid.pk
     assert again.outcome["payment_ref"] == str(paid.pk)
+
+
+def test_a_resubmit_after_restoring_a_dump_taken_before_the_create_pays_once(operator, acme, tmp_path):
+    backup = restore.dump(tmp_path / "before-the-create.dump")
+    lost = run(create(operator))
+    assert lost.state == State.COMPLETED
+    restore.restore(backup)  # our database, back to before the task; the payment system keeps its own
+    assert not Task.objects.filter(pk=lost.pk).exists() and not Action.objects.exists()
+    again = run(create(operator))
+    assert again.state == State.COMPLETED
+    [paid] = payments_of("INV-21")
+    assert (paid.deliveries, again.outcome["payment_ref"]) == (2, str(paid.pk))
 
 
 def test_the_payment_system_answered_the_repeat_with_its_first_result(operator, acme):
