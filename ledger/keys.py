@@ -16,7 +16,8 @@ depends on the scheme, which the action records when it is written:
   authoritative system (which keeps its own records) answers with its first
   result instead of acting twice. The client key is caller data: only its hash is
   in the key. The tenant is in the hash and, in clear, in the key: two tenants'
-  keys never collide, and an effect found in a system names its tenant.
+  keys never collide, and an effect found in a system names its tenant
+  (``tenant_of``).
 
 Keys carry only letters, digits, ``-``, ``.`` and ``:`` besides the step's name,
 so they fit in a URL path (``GET {base}/effects/{key}``) as they are. A stored key
@@ -51,6 +52,16 @@ class Scope:
 
     def key(self, step: str, digest: str) -> str:
         return f"{self.value}:{step}:{digest[:16]}"
+
+
+def tenant_of(key: str) -> int | None:
+    """The tenant an ``INTENT`` key names (an effect a system holds that no ledger row explains
+    still says whose it is); None for a key of another scheme."""
+    prefix, _, rest = key.partition(".")
+    tenant, dot, _ = rest.partition(".")
+    if prefix != INTENT_PREFIX or not dot or not (tenant.isascii() and tenant.isdigit()):
+        return None
+    return int(tenant)
 
 
 def task_scope(task_id: UUID | str) -> Scope:

@@ -76,6 +76,14 @@ def test_two_tenants_with_the_same_client_key_get_different_effect_keys(acme, gl
     assert ours.idempotency_key != theirs.idempotency_key
     assert ours.idempotency_key.startswith(f"k2.{acme.pk}.")
     assert theirs.idempotency_key.startswith(f"k2.{globex.pk}.")
+    assert (keys.tenant_of(ours.idempotency_key), keys.tenant_of(theirs.idempotency_key)) == (
+        acme.pk,
+        globex.pk,
+    )
+
+
+def test_a_key_of_the_task_scheme_names_no_tenant(acme):
+    assert keys.tenant_of(intend(make_task(acme)).idempotency_key) is None
 
 
 def test_the_same_client_key_for_another_task_type_gets_another_key(acme):
