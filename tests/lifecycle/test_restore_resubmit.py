@@ -22,10 +22,11 @@ from demo.sandbox.models import Effect
 from ledger import keys
 from ledger.models import Action, DispatchState
 from runtime import reconcile
-from tasks import effect_keys
+from tasks import effect_keys, registry, services
+from tasks.checkpoints import Progress
 from tasks.models import Task
 from tasks.states import State
-from tasks.transitions import Actor
+from tasks.transitions import ActionIntent, Actor, advance
 from tests.conftest import api_client_for
 from tests.ledger import restore
 from tests.ledger.restore import forget
@@ -141,3 +142,27 @@ def test_an_action_keyed_by_the_old_scheme_is_reconciled_by_its_stored_key(opera
     assert action.dispatch_state == DispatchState.RECONCILED_SUCCEEDED
     [paid] = payments_of("INV-21")
     assert paid.idempotency_key == action.idempotency_key and paid.deliveries == 1
+
+
+def test_an_intent_keyed_by_the_old_scheme_is_sent_with_its_stored_key(operator, acme, monkeypatch):
+    """Committed by a worker of the older deployment, not sent before it stopped: the newer worker
+    sends it under its stored key rather than calling it changed ("effect_changed_after_intent")."""
+    task = create(operator)
+    facts = dict(services.latest_checkpoint(task).facts)
+    intent = ActionIntent("pay", "payments", registry.get("pay_invoice").step("pay").effect(facts))
+    monkeypatch.setattr(effect_keys, "_stable_scope", lambda task: None)  # the older code's keys
+    advance(
+        task.id,
+        task.state_version,
+        State.READY,
+        actor=Actor.worker("old-deployment"),
+        progress=Progress(step="pay", facts=facts),
+        actions=[intent],
+    )
+    monkeypatch.undo()
+    task = run(Task.objects.get(pk=task.pk))
+    assert task.state == State.COMPLETED, task.state_reason
+    action = Action.objects.get(task=task)
+    assert (action.key_scheme, action.idempotency_key) == (keys.Scheme.TASK, intent.idempotency_key(task.id))
+    [paid] = payments_of("INV-21")
+    assert (paid.idempotency_key, paid.deliveries) == (action.idempotency_key, 1)
