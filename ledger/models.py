@@ -3,13 +3,16 @@
 An ``Action`` is committed by the transition primitive in the same
 transaction as the state change that intends it (the outbox). Its
 ``idempotency_key`` is deterministic, so re-deciding the same step of the
-same task can never produce a second, different effect.
+same task can never produce a second, different effect; how it was derived is
+its ``key_scheme`` (``ledger.keys``), recorded once and never recomputed.
 """
 
 from __future__ import annotations
 
 from django.db import models
 from django.db.models import Q
+
+from ledger.keys import Scheme
 
 
 class DispatchState(models.TextChoices):
@@ -58,6 +61,9 @@ class Action(models.Model):
     task = models.ForeignKey("tasks.Task", on_delete=models.PROTECT, related_name="actions")
     step = models.CharField(max_length=64)
     idempotency_key = models.CharField(max_length=200, unique=True)
+    # How the key was derived (``ledger.keys.Scheme``): rows written before schemes existed, and by
+    # workers of an older deployment, are TASK (the database's default); the key is used as stored.
+    key_scheme = models.PositiveSmallIntegerField(default=Scheme.TASK, db_default=Scheme.TASK)
     connector = models.CharField(max_length=64)
     effect = models.JSONField()  # validated by the connector's effect model
     effect_digest = models.CharField(max_length=64)

@@ -29,7 +29,7 @@ from ledger.services import action_move
 from runtime import alerts, db, dispatch, evidence, llm, reconcile, validation
 from runtime.llm import Model, ModelUnavailable
 from runtime.models import AlertKind
-from tasks import cancellation, children, compensation, registry, sealing, services
+from tasks import cancellation, children, compensation, effect_keys, registry, sealing, services
 from tasks.checkpoints import Checkpoint, EvidenceRef, Progress, ToolCallRecord, as_fact
 from tasks.decisions import Decision, quarantine, retry_later
 from tasks.exceptions import StaleVersion
@@ -129,6 +129,8 @@ def _noting_migration(verdict: Decision, checkpoint: Checkpoint) -> Decision:
 
 
 RECONCILED_ABSENT = DispatchState.RECONCILED_ABSENT
+# Reason code of the step done on a result the system answered a repeated key with (its first one).
+EFFECT_DEDUPLICATED = "effect_deduplicated"
 
 
 def _in_doubt(task: Task) -> bool:
@@ -377,7 +379,7 @@ def _dispatch(
         also: tuple[Any, ...] = ()
         if step.money is not None:
             who = money.spender(task)
-            key = intent.idempotency_key(task.id)
+            key = intent.idempotency_key(effect_keys.scope_of(task))  # the key _ledger_rows writes
             records = (money.movement(step.money, facts, who, idempotency_key=key, now=timezone.now()),)
             check = money.guard(step.money, facts, who, approved_at=approved_at)
             also = (functools.partial(_money_still_passes, check),)
@@ -390,7 +392,8 @@ def _dispatch(
             records=records,
             also=also,
         )
-    if action.idempotency_key != intent.idempotency_key(task.id) and action.dispatch_state not in SETTLED_OK:
+    expected = intent.idempotency_key(effect_keys.scope_of(task, action.key_scheme))  # in the action's scheme
+    if action.idempotency_key != expected and action.dispatch_state not in SETTLED_OK:
         return quarantine(
             progress,
             "effect_changed_after_intent",
@@ -417,13 +420,25 @@ def _dispatch(
             outcome=action.dispatch_state,
         )
         done = {**facts, step.output: action.external_ref} if step.output else facts
-        return _advance_to(
+        settled = _advance_to(
             progress,
             step.next,
             task,
             facts=done,
             tool_calls=[*progress.tool_calls, call],
             output_refs=[*progress.output_refs, f"{step.connector}:{action.external_ref}"],
+        )
+        if not action.duplicates_suppressed:
+            return settled
+        # The system had this key already (e.g. a task re-created with its client's key after a restore):
+        # the chain says the step is done on the system's first result, not on a new effect.
+        return dataclasses.replace(
+            settled,
+            reason=(
+                f"{step.name}: {step.connector} answered {action.idempotency_key} with the result it"
+                f" recorded first (external ref {action.external_ref or 'none'}): performed once, not again"
+            ),
+            reason_code=EFFECT_DEDUPLICATED,
         )
     if action.dispatch_state in SETTLED_FAILED:
         if step.on_rejected:

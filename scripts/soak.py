@@ -639,14 +639,16 @@ class Humans:
         """The refund's payment is performed but answered ambiguously, and from then on the payments
         system answers every lookup of it with an error: an outcome in doubt only an operator can settle.
 
-        Its idempotency key is the ledger's (``ActionIntent``) for the effect this request authorizes.
+        Its idempotency key is the ledger's (``ActionIntent`` in ``effect_keys.scope_of`` the task) for the
+        effect this request authorizes.
         """
         from demo.sandbox.models import Fault
+        from tasks import effect_keys
         from tasks.transitions import ActionIntent
 
         effect = request.opened("consequential")["effect"]  # the card is stored sealed to the request
         intent = ActionIntent(step=request.action_step, connector="payments", effect=effect)
-        key = intent.idempotency_key(task.id)
+        key = intent.idempotency_key(effect_keys.scope_of(task))
         Fault.objects.create(system="payments", operation="dispatch", kind="ambiguous", params={"key": key})
         Fault.objects.create(
             system="payments", operation="lookup", kind="error", params={"key": key, "standing": True}

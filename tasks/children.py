@@ -4,6 +4,9 @@ A ``StartChildren`` step (``tasks.registry``) starts its children inside the
 very transaction that moves the parent to ``waiting_children``: either the
 parent waits and its children exist, or neither. Each child has the key
 ``child:<parent>:<step>:<n>``, so a step decided again never starts a second set.
+A child of a parent started with a client idempotency key keys its effects by
+the parent's stable scope and its position (``tasks.effect_keys``): a parent
+re-created after a restore starts children whose effects have the same keys.
 
 A child's terminal transition writes, in its own commit, an ``ExternalEvent``
 for its parent (type ``child_ended``): the parent's record of how each child
@@ -26,7 +29,7 @@ from uuid import UUID
 
 from django.db.models import QuerySet
 
-from tasks import doorbell, leases
+from tasks import doorbell, effect_keys, leases
 from tasks.exceptions import StaleVersion, TransitionError
 from tasks.models import ExternalEvent, Task
 from tasks.states import TERMINAL, State, Trigger
@@ -37,7 +40,9 @@ WAKER = Actor.system("children")
 
 
 def key(parent_id: UUID | str, step: str, index: int) -> str:
-    return f"child:{parent_id}:{step}:{index}"
+    """The child's idempotency key; its effects are keyed from its parent's scope and this position
+    when the parent has a stable one (``tasks.effect_keys.scope_of``)."""
+    return effect_keys.child_key(parent_id, step, index)
 
 
 def of_step(parent: Task, step: str) -> list[Task]:

@@ -8,7 +8,11 @@ type, tenant, region and input, owned by the person who asked, whose first
 step is the compensating one and whose facts are the canceled task's last ones
 (with the undone effect's reference as its step's output). Its effect is a new
 ledger action — its own idempotency key, evidence, and an approval where the
-step asks for one — whose ``compensation_of`` is the action it undoes. The run
+step asks for one — whose ``compensation_of`` is the action it undoes. When
+that action's key is stable (scheme ``INTENT``: its task had a client key), the
+run's keys derive from it and the run's number among its runs
+(``tasks.effect_keys``), so a run started again after a restore lost it has
+the same keys and the system does not undo twice. The run
 ends with that step (``runtime.engine``): ``completed``, or ``failed`` when
 the system or an approver refused it or its call was canceled.
 

@@ -26,9 +26,9 @@ from audit.chain import GENESIS
 from audit.keys import chain_link
 from audit.models import TransitionEvent
 from audit.redaction import redact
-from ledger import integrity
+from ledger import integrity, keys
 from ledger.models import Action
-from tasks import audit_paths, checkpoints, hotpath, metrics, registry, sealing
+from tasks import audit_paths, checkpoints, effect_keys, hotpath, metrics, registry, sealing
 from tasks.exceptions import LeaseLost, StaleEpoch, StaleVersion, TaskNotFound, TransitionNotAllowed
 from tasks.leases import Held
 from tasks.models import CancelRequest, CancelScope, Checkpoint, ExternalEvent, Task
@@ -76,10 +76,12 @@ class ActionIntent:
         # The one digest of an effect, which the dispatcher recomputes before sending (ledger.integrity).
         return integrity.effect_digest(self.effect)
 
-    def idempotency_key(self, task_id: UUID) -> str:
-        # Deterministic from task + step + effect: re-deciding the same step with
-        # the same effect yields the same key, which the ledger's unique index holds.
-        return f"{task_id}:{self.step}:{self.digest[:16]}"
+    def idempotency_key(self, scope: keys.Scope | UUID) -> str:
+        """The key of this effect in ``scope`` (``tasks.effect_keys.scope_of`` of its task; a task id:
+        the ``TASK`` scheme). Deterministic from scope + step + effect: re-deciding the same step with
+        the same effect yields the same key, which the ledger's unique index holds."""
+        within = scope if isinstance(scope, keys.Scope) else keys.task_scope(scope)
+        return within.key(self.step, self.digest)
 
 
 # Task fields a transition may change besides state, version and timestamps.
@@ -240,16 +242,21 @@ def _event_for(
 
 def _ledger_rows(task: Task, intents: Iterable[ActionIntent], now: datetime) -> list[Action]:
     # The digest and key are of the effect as sent; the row keeps its sensitive keys sealed.
+    intents = list(intents)
+    if not intents:
+        return []
+    scope = effect_keys.scope_of(task)  # and the row records which scheme its key is of
     return [
         Action(
             task=task,
             step=intent.step,
-            idempotency_key=intent.idempotency_key(task.id),
+            idempotency_key=intent.idempotency_key(scope),
+            key_scheme=scope.scheme,
             connector=intent.connector,
             effect=sealing.seal_fields(
                 intent.effect,
                 registry.sensitive_effect_keys(task.task_type, intent.step),
-                (*sealing.action_place(intent.idempotency_key(task.id)), "effect"),
+                (*sealing.action_place(intent.idempotency_key(scope)), "effect"),
             ),
             effect_digest=intent.digest,
             compensation_of_id=intent.compensates,

@@ -26,7 +26,7 @@ nothing, with exactly:
     its ``request_digest``, identity and lineage (owner, parent, rerun, the
     action it compensates: who asked decides who may approve); an approval
     request's copies (consequential, material, digest, evidence, requester,
-    policy); an action's effect. The app's writers move only state columns:
+    policy); an action's effect and its key scheme. The app's writers move only state columns:
     transitions (state, version, outcome, escalation…), decisions
     (``status``, ``decided_at``), escalation (``approver_role``,
     ``waiting_version``), expiry, dispatch progress;
@@ -81,7 +81,7 @@ WITHHELD = {
         "id", "task_id", "tenant_id", "step", "action_step", "consequential", "digest", "material",
         "evidence", "policy_reason", "policy_version", "requested_by", "allowed_decisions", "created_at",
     ),
-    "ledger_action": ("effect",),
+    "ledger_action": ("effect", "key_scheme"),
 }  # fmt: skip
 # Read by the app, written by the owner only.
 OWNER_WRITES = ("tenancy_membership", "django_migrations")
