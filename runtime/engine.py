@@ -838,6 +838,8 @@ def _approval_gate(
         verdict, why = approvals.gate(task, kind, request, progress)
         if verdict == "proceed":
             return _advance_to(progress, step.next, task)
+        if verdict == integrity.EFFECT_DIGEST_MISMATCH:  # the request was changed in the database
+            return _not_as_intended(task, progress, why)
         if verdict == "refresh":
             return Decision(
                 State.READY,

@@ -239,6 +239,7 @@ def test_inbox_and_request_page_queries_are_bounded(
     client = client_for(approver)
     with django_assert_max_num_queries(9):
         client.get("/console/approvals/")
-    # 11: the money policy's earlier effects for the request's business reference (one indexed read).
-    with django_assert_max_num_queries(11):
+    # 12: the money policy's earlier effects for the request's business reference (one indexed read),
+    # and the session's second-factor device (SecondFactorMiddleware, every request of an approver).
+    with django_assert_max_num_queries(12):
         client.get(f"/console/approvals/{request.pk}/")

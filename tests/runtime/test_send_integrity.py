@@ -144,6 +144,25 @@ def test_an_altered_approval_request_copy_quarantines_the_task_and_nothing_is_se
     assert "copy" in held.events.latest("state_version").reason
 
 
+def test_a_payment_approved_and_moved_on_by_sql_without_an_approver_is_not_sent(acme):
+    """Two app-role ``UPDATE``s of columns the app writes (a request's ``status``, a task's ``state``)
+    paid 5,000 EUR nobody approved: the worker trusted the row's status. The decision is also in the
+    task's chained checkpoint (``approval_decide`` commits it with its keyed event), which says pending."""
+    task = invoice_task(acme, amount="5000.00")
+    assert run(task).state == State.WAITING_APPROVAL
+    request = ApprovalRequest.objects.get(task=task)
+    sql(
+        "UPDATE approvals_approvalrequest SET status = 'approved', decided_at = now() WHERE id = %s",
+        request.pk,
+    )
+    sql("UPDATE tasks_task SET state = 'ready' WHERE id = %s", task.id)
+    for _ in range(3):
+        run(task)
+    assert payments() == 0 and not Action.objects.filter(task=task).exists()
+    held = held_for_tampering(task)
+    assert "records it pending" in held.events.latest("state_version").reason
+
+
 def test_releasing_a_task_held_for_a_tampered_effect_sends_nothing_and_holds_it_again(acme, operator):
     task = invoice_task(acme, amount="77.00")
     action = intend(task)
