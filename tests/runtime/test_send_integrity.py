@@ -9,16 +9,21 @@ sandbox over HTTP, and counts what reached the payments system.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from approvals import services as approval_services
 from approvals.models import ApprovalRequest
+from audit.models import TransitionEvent
 from demo.sandbox.models import Effect
 from ledger import integrity
 from ledger.models import Action, DispatchState
 from runtime import controls, runner
 from runtime.models import Alert, AlertKind
+from tasks import checkpoints
 from tasks.models import Checkpoint, Task
 from tasks.states import State
 from tests.audit.owner import triggers_off
@@ -161,6 +166,59 @@ def test_a_payment_approved_and_moved_on_by_sql_without_an_approver_is_not_sent(
     assert payments() == 0 and not Action.objects.filter(task=task).exists()
     held = held_for_tampering(task)
     assert "records it pending" in held.events.latest("state_version").reason
+
+
+def test_an_approval_forged_with_an_inserted_checkpoint_and_unkeyed_event_is_not_sent(acme):
+    """The app role may INSERT events and checkpoints (it writes them) but holds no chain key: a
+    forged "approved" checkpoint with a matching event whose hash is not keyed vouches for nothing.
+    The send needs a keyed ``approval_decided`` event whose checkpoint records the request approved."""
+    task = invoice_task(acme, amount="5000.00")
+    assert run(task).state == State.WAITING_APPROVAL
+    task = Task.objects.get(pk=task.pk)
+    request = ApprovalRequest.objects.get(task=task)
+    waiting = Checkpoint.objects.get(task=task, state_version=task.state_version)
+    body = json.loads(waiting.body)
+    body["step"] = "pay"
+    body["approvals"] = [{**ref, "status": "approved"} for ref in body["approvals"]]
+    forged = json.dumps(body)
+    last = task.events.get(state_version=task.state_version)
+    version = task.state_version + 1
+    Checkpoint.objects.create(
+        task=task,
+        state_version=version,
+        schema_version=waiting.schema_version,
+        codec=waiting.codec,
+        body=forged,
+        digest=checkpoints.digest(forged),
+        created_at=timezone.now(),
+    )
+    TransitionEvent.objects.create(
+        task=task,
+        tenant=task.tenant,
+        state_version=version,
+        from_state=State.WAITING_APPROVAL,
+        to_state=State.READY,
+        trigger="approval_decided",
+        actor_kind="user",
+        actor_id="user:nobody",
+        attempt=last.attempt,
+        policy_version=last.policy_version,
+        checkpoint_digest=checkpoints.digest(forged),
+        created_at=timezone.now(),
+        prev_hash=last.hash,
+        hash="f" * 64,  # without the chain key no valid link can be made
+        key_id=last.key_id,
+    )
+    sql(
+        "UPDATE approvals_approvalrequest SET status = 'approved', decided_at = now() WHERE id = %s",
+        request.pk,
+    )
+    sql("UPDATE tasks_task SET state = 'ready', state_version = %s WHERE id = %s", version, task.id)
+    for _ in range(3):
+        run(task)
+    assert payments() == 0
+    held = held_for_tampering(task)
+    assert "approval_decided" in held.events.latest("state_version").reason
 
 
 def test_releasing_a_task_held_for_a_tampered_effect_sends_nothing_and_holds_it_again(acme, operator):
