@@ -28,10 +28,10 @@ CEILING = {  # measured when written, plus a little room: 10, 19, 8, 9, 6, 6, 10
     "queue": 13,
     "task": 25,
     "approvals": 11,
-    "approval": 12,
+    "approval": 13,  # issue 20: + earlier decisions, earlier effects, the second factor's device
     "quarantine": 9,
     "audit": 9,
-    "audit-task": 13,
+    "audit-task": 14,  # issue 20: + the second factor's device and the path check, each fitting alone
     "bulk-list": 8,
 }
 SLACK = 2  # more rows may add a "next page" probe, never a query per row

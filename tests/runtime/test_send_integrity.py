@@ -23,7 +23,7 @@ from audit.models import TransitionEvent
 from demo.sandbox.models import Effect
 from ledger import integrity
 from ledger.models import Action, DispatchState
-from runtime import controls, runner
+from runtime import controls, dispatch, runner
 from runtime.models import Alert, AlertKind
 from tasks import checkpoints
 from tasks.models import Checkpoint, Task
@@ -215,7 +215,7 @@ def forge_next_checkpoint(task: Task, change: Callable[[dict[str, Any]], None]) 
 def test_an_approval_forged_with_an_inserted_checkpoint_and_unkeyed_event_is_not_sent(acme):
     """The app role may INSERT events and checkpoints (it writes them) but holds no chain key: a
     forged "approved" checkpoint with a matching event whose hash is not keyed vouches for nothing.
-    The send needs a keyed ``approval_decided`` event whose checkpoint records the request approved."""
+    The worker does not resume from it."""
     task = invoice_task(acme, amount="5000.00")
     assert run(task).state == State.WAITING_APPROVAL
     request = ApprovalRequest.objects.get(task=task)
@@ -231,19 +231,27 @@ def test_an_approval_forged_with_an_inserted_checkpoint_and_unkeyed_event_is_not
     )
     for _ in range(3):
         run(task)
-    assert payments() == 0
-    held = held_for_tampering(task)
-    assert "approval_decided" in held.events.latest("state_version").reason
+    assert payments() == 0 and not Action.objects.filter(task=task).exists()
+    task = Task.objects.get(pk=task.pk)
+    assert (task.state, task.state_reason) == (State.QUARANTINED, "checkpoint_digest_mismatch")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (issue 20 review): resuming trusts an event's checkpoint_digest without checking that "
-    "the event is a keyed link, so a checkpoint the app role inserts with forged facts is run",
-)
+def test_the_send_check_finds_no_keyed_decision_for_a_request_approved_by_sql_only(acme, approver):
+    """At the send, the approval is also looked up in the chain (``approval_decided``, keyed)."""
+    task = invoice_task(acme, amount="5000.00")
+    assert run(task).state == State.WAITING_APPROVAL
+    forged = ApprovalRequest.objects.get(task=task)
+    sql("UPDATE approvals_approvalrequest SET status = 'approved' WHERE id = %s", forged.pk)
+    assert "approved by no keyed approval_decided event" in dispatch._unchained_approval(forged)
+    other = invoice_task(acme, amount="6000.00", invoice_id="INV-2")
+    assert run(other).state == State.WAITING_APPROVAL
+    approve(other, approver)
+    assert dispatch._unchained_approval(ApprovalRequest.objects.get(task=other)) == ""
+
+
 def test_a_payment_whose_facts_were_forged_in_an_inserted_checkpoint_is_not_sent(acme):
-    """40.00 EUR under every limit: the forged checkpoint says 990.00, and the worker intends (and
-    keys) what the forged facts say. Only a resume that verifies the event's link would refuse it."""
+    """40.00 EUR under every limit: the forged checkpoint says 990.00, and the worker intended (and
+    keyed) what the forged facts said. A worker resumes only from a checkpoint a keyed event records."""
     task = invoice_task(acme, amount="40.00")
     runner.run_task(task.id, worker_id="test-worker", region="default", stopping=lambda: True)
 
@@ -254,6 +262,9 @@ def test_a_payment_whose_facts_were_forged_in_an_inserted_checkpoint_is_not_sent
     for _ in range(3):
         run(task)
     assert [effect.request["amount"] for effect in Effect.objects.filter(system="payments")] == []
+    task = Task.objects.get(pk=task.pk)
+    assert (task.state, task.state_reason) == (State.QUARANTINED, "checkpoint_digest_mismatch")
+    assert "written without the chain key" in task.events.latest("state_version").reason
 
 
 def test_releasing_a_task_held_for_a_tampered_effect_sends_nothing_and_holds_it_again(acme, operator):
