@@ -13,7 +13,8 @@ them may decide it (approve or reject):
   overridden only by someone who neither reran the task nor decided it before.
 
 The lineage (``lineage``) is the task and every task it runs again, through
-``rerun_of``, nearest first. Everything is read from the tasks' own records
+``rerun_of``, nearest first (also where a rerun finds the effects it reuses,
+``runtime.engine._reuse_earlier``). Everything is read from the tasks' own records
 (owner, creation event, events, decisions), so a new way to start a task (an
 A2A endpoint, an agent adapter) only has to record its starter as the creation
 event's actor, as ``tasks.services.task_create(actor=...)`` does for every start.

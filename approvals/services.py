@@ -190,6 +190,23 @@ def latest_request(task: Task, step_name: str) -> ApprovalRequest | None:
     return ApprovalRequest.objects.filter(task=task, step=step_name).order_by("-created_at").first()
 
 
+def unrecorded_decision(request: ApprovalRequest, progress: Progress) -> str:
+    """Why ``request``'s status is not what ``progress`` (the task's checkpoint, whose digest its
+    keyed audit event records) says of it; "" when they agree.
+
+    The row's ``status`` is a column the app role writes; ``approval_decide`` records the decision in
+    the checkpoint it commits with its event too, which that role cannot forge. A request the row
+    calls approved and the checkpoint does not was decided outside the app: it authorizes nothing.
+    """
+    recorded = next((ref.status for ref in progress.approvals if ref.request_id == str(request.id)), None)
+    if recorded == request.status:
+        return ""
+    return (
+        f"approval request {request.id} says {request.status}, but the task's chained checkpoint records "
+        f"it {recorded or 'not at all'}: decided outside the app, it authorizes nothing"
+    )
+
+
 def gate(
     task: Task, kind: registry.TaskType, request: ApprovalRequest, progress: Progress
 ) -> tuple[str, str]:
@@ -200,8 +217,12 @@ def gate(
     fact that needs fresh evidence changed and no evidence was read since the
     decision; ``(EFFECT_DIGEST_MISMATCH, why)`` when the request's own copy of
     what it authorizes (the one approvers were shown) is not what its digest
-    binds: changed in the database, so the decision cannot stand for anything.
+    binds, or when its status is not the one the task's chained checkpoint
+    records for it (``unrecorded_decision``): changed in the database, so the
+    decision cannot stand for anything.
     """
+    if why := unrecorded_decision(request, progress):
+        return integrity.EFFECT_DIGEST_MISMATCH, why
     facts = dict(progress.facts)
     current = material_snapshot(task, kind, facts)
     try:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -115,6 +115,27 @@ def _legacy_refused(task_id: UUID, event: Any, keyed_since: datetime | None) -> 
         return (
             f"unkeyed (legacy) event written after the chain was keyed ({keyed_since:%Y-%m-%d %H:%M:%S} UTC)"
         )
+    return None
+
+
+def link_problem(
+    event: Any, keys: Mapping[str, bytes], keyed_since: Callable[[], datetime | None]
+) -> str | None:
+    """Why ``event`` alone is not what a chain-key holder wrote; None when it is (its link is not
+    followed to the previous event: ``verify_events`` does that).
+
+    Keyed: its key id must be one of ``keys`` and its hash the keyed link of its fields. Legacy
+    (unkeyed): anyone can compute that hash, so only one that can predate the keying passes
+    (``keyed_since``, called only for a legacy event: it reads the database).
+    """
+    if event.key_id == LEGACY:
+        return _legacy_refused(event.task_id, event, keyed_since())
+    if event.key_id not in keys:
+        return f"its event is keyed with key id {event.key_id!r}, which AUDIT_HMAC_KEYS does not hold"
+    fields = {name: getattr(event, name) for name in (*HASHED_FIELDS, *OPTIONAL_HASHED_FIELDS)}
+    link = link_hash(event.prev_hash, fields, key_id=event.key_id, keys=keys)
+    if not hmac.compare_digest(link.encode(), str(event.hash).encode()):
+        return "its event's hash is not the keyed link of its fields (written without the chain key)"
     return None
 
 

@@ -380,6 +380,11 @@ if key_prefix := env.str("CELERY_BROKER_KEY_PREFIX", default=""):
     CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = key_prefix
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = f"region.{WORKER_REGION}"
+# The anchor job signs with AUDIT_ANCHOR_KEY, which must not sit with the chain key in every web and
+# region worker (whoever read both could sign a tombstone for a task deleted by hand, audit.tombstones):
+# its own queue, consumed by one worker on the host that holds the key (README, "Running workers").
+AUDIT_QUEUE = "audit"
+CELERY_TASK_ROUTES = {name: {"queue": AUDIT_QUEUE} for name in ("audit.anchor", "audit.anchor_if_due")}
 # One message per pool process at a time: doorbells a worker cannot start yet stay in the broker,
 # where any worker of the region can take them, instead of waiting behind a busy (or dying) one.
 # Doorbells ack late and go back to the queue when their pool process dies (tasks/workers.py).

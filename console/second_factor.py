@@ -19,11 +19,12 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.http import require_http_methods
 
+from console.forms import ConsoleForm
 from tenancy import second_factor
 from tenancy.second_factor import Outcome
 
 
-class CodeForm(forms.Form):
+class CodeForm(ConsoleForm):
     # Six digits, or a recovery code (eight letters and digits, spaces and dashes ignored).
     code = forms.CharField(
         max_length=32,

@@ -8,8 +8,9 @@
    changes nothing.
    Before the claim, the effect as it will be sent (its sealed values opened) is
    checked against every record of what was intended (``_not_as_intended``):
-   the row's ``effect_digest``, the approval's digest for an approved action,
-   and the digest the keyed audit chain binds (the intent's checkpoint, whose
+   the row's ``effect_digest``, the approval's digest for an approved action
+   (and the keyed ``approval_decided`` event that approved it), and the digest
+   the keyed audit chain binds (the intent's checkpoint, whose
    digest the intending transition's event records). A difference — someone
    changed the row in the database — sends nothing: the action is withheld
    (``intended`` -> ``failed``, outcome ``withheld``; a ``reconciled_absent``
@@ -37,14 +38,15 @@ import hmac
 import json
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import OuterRef, Subquery
+from django.db.models import OuterRef, QuerySet, Subquery
 from opentelemetry import trace
 
 from approvals.digest import digest as approval_digest
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalRequest, ApprovalStatus
 from audit.chain import HASHED_FIELDS, LEGACY, OPTIONAL_HASHED_FIELDS, link_hash
 from audit.keys import chain_keys
 from audit.models import TransitionEvent
@@ -58,6 +60,7 @@ from tasks import cancellation, checkpoints, leases, metrics, sealing
 from tasks.exceptions import LeaseLost, StaleEpoch, StaleVersion
 from tasks.leases import Held
 from tasks.models import Checkpoint, Lease, Task
+from tasks.states import Trigger
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
@@ -82,34 +85,68 @@ class EffectMismatch(Exception):
     """The effect about to be sent is not the one intended (or approved): it was not sent."""
 
 
+def _with_body(events: QuerySet[TransitionEvent]) -> QuerySet[TransitionEvent]:
+    """``events``, each with the body of the checkpoint committed with it (``body``)."""
+    body = Checkpoint.objects.filter(task_id=OuterRef("task_id"), state_version=OuterRef("state_version"))
+    return events.annotate(body=Subquery(body.values("body")[:1]))
+
+
+def _chained_bodies(events: QuerySet[TransitionEvent]) -> Iterator[dict[str, Any]]:
+    """The checkpoint bodies (parsed) of those of ``events`` (``_with_body``) that the keyed chain
+    vouches for: the event's link verifies under a chain key, which the app role does not hold,
+    and its checkpoint is the one it records. An unkeyed (legacy) or unverified event vouches for
+    nothing, so a row the app role inserted (it may insert events) is never trusted here."""
+    keys = chain_keys()
+    for event in events:
+        body = getattr(event, "body", None)
+        if event.key_id == LEGACY or event.key_id not in keys or not body:
+            continue
+        fields = {name: getattr(event, name) for name in (*HASHED_FIELDS, *OPTIONAL_HASHED_FIELDS)}
+        link = link_hash(event.prev_hash, fields, key_id=event.key_id, keys=keys)
+        if not hmac.compare_digest(link.encode(), event.hash.encode()):
+            continue
+        if not event.checkpoint_digest or checkpoints.digest(body) != event.checkpoint_digest:
+            continue
+        yield json.loads(body)
+
+
 def _chained_digest(action: Action) -> str | None:
     """The effect digest the keyed audit chain binds for ``action``; None when nothing binds one.
 
     The transition that intended it wrote the action and its checkpoint (whose
     ``pending_actions`` name the key and digest) at the moment the action was
     created, and its event records that checkpoint's digest under the chain
-    key, which the app role does not hold. One read: the task's events at that
-    moment (the unique (task, version) index) with their checkpoint's body.
-    An unkeyed (legacy) event, or one whose hash does not verify, binds nothing.
+    key. One read: the task's events at that moment (the unique (task, version)
+    index) with their checkpoint's body.
     """
-    body = Checkpoint.objects.filter(task_id=OuterRef("task_id"), state_version=OuterRef("state_version"))
-    events = TransitionEvent.objects.filter(task_id=action.task_id, created_at=action.created_at).annotate(
-        body=Subquery(body.values("body")[:1])
-    )
-    keys = chain_keys()
-    for event in events:
-        if event.key_id == LEGACY or event.key_id not in keys or not event.body:
-            continue
-        fields = {name: getattr(event, name) for name in (*HASHED_FIELDS, *OPTIONAL_HASHED_FIELDS)}
-        link = link_hash(event.prev_hash, fields, key_id=event.key_id, keys=keys)
-        if not hmac.compare_digest(link.encode(), event.hash.encode()):
-            continue
-        if not event.checkpoint_digest or checkpoints.digest(event.body) != event.checkpoint_digest:
-            continue
-        for pending in json.loads(event.body).get("pending_actions") or ():
+    events = TransitionEvent.objects.filter(task_id=action.task_id, created_at=action.created_at)
+    for body in _chained_bodies(_with_body(events)):
+        for pending in body.get("pending_actions") or ():
             if pending.get("idempotency_key") == action.idempotency_key:
                 return str(pending.get("effect_digest"))
     return None
+
+
+def _unchained_approval(approval: ApprovalRequest) -> str:
+    """Why the keyed audit chain does not vouch for ``approval`` being approved; "" when it does.
+
+    ``approval_decide`` moves the task out of the wait it decided (``waiting_version``) with an
+    ``approval_decided`` event whose checkpoint records the request approved. The request row's
+    ``status`` is the app role's to write; that event is not. One read.
+    """
+    events = TransitionEvent.objects.filter(
+        task_id=approval.task_id,
+        state_version=approval.waiting_version + 1,
+        trigger=Trigger.APPROVAL_DECIDED,
+    )
+    for body in _chained_bodies(_with_body(events)):
+        for ref in body.get("approvals") or ():
+            if ref.get("request_id") == str(approval.id) and ref.get("status") == ApprovalStatus.APPROVED:
+                return ""
+    return (
+        f"approval request {approval.id} is approved by no keyed approval_decided event of the task "
+        "(its status was set outside the app)"
+    )
 
 
 def _not_as_intended(action: Action, effect: dict[str, Any], approval: ApprovalRequest | None) -> str:
@@ -124,6 +161,7 @@ def _not_as_intended(action: Action, effect: dict[str, Any], approval: ApprovalR
         # What an approval authorizes (approvals.services.consequential_fields), built from this action.
         authorized = {"step": action.step, "connector": action.connector, "effect": effect}
         why = integrity.mismatch(approval_digest(authorized), approval.digest, "the approval's digest")
+        why = why or _unchained_approval(approval)
     if not why:
         why = integrity.mismatch(actual, _chained_digest(action), "the intent the audit chain records")
     return why

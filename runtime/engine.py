@@ -15,11 +15,11 @@ import functools
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
-from uuid import UUID
 
 from django.conf import settings
 from django.utils import timezone
 
+from approvals import authority
 from approvals import services as approvals
 from approvals.models import ApprovalStatus
 from audit.models import TransitionEvent
@@ -507,10 +507,6 @@ def _money_still_passes(check: Any) -> None:
         raise StaleVersion(f"the money policy no longer lets this intent pass: {exc}") from None
 
 
-# How far up a ``rerun_of`` chain a rerun looks for effects already done (a longer chain is a loop).
-RERUN_DEPTH = 50
-
-
 def _reuse_earlier(
     task: Task, step: registry.Dispatch, progress: Progress, facts: dict[str, Any], effect: dict[str, Any]
 ) -> Decision | None:
@@ -524,11 +520,8 @@ def _reuse_earlier(
     """
     if task.rerun_of_id is None or task.compensates_id is not None:
         return None
-    lineage: list[UUID] = []
-    at: UUID | None = task.rerun_of_id
-    while at is not None and len(lineage) < RERUN_DEPTH:
-        lineage.append(at)
-        at = Task.objects.filter(pk=at).values_list("rerun_of_id", flat=True).first()
+    # The tasks it runs again: the same lineage separation of duties reads (one walk, one definition).
+    lineage = [earlier.pk for earlier in authority.lineage(task)[1:]]
     digest = ActionIntent(step=step.name, connector=step.connector, effect=effect).digest
     earlier = (
         Action.objects.filter(
@@ -853,6 +846,8 @@ def _approval_gate(
         verdict, why = approvals.gate(task, kind, request, progress)
         if verdict == "proceed":
             return _advance_to(progress, step.next, task)
+        if verdict == integrity.EFFECT_DIGEST_MISMATCH:  # the request was changed in the database
+            return _not_as_intended(task, progress, why)
         if verdict == "refresh":
             return Decision(
                 State.READY,

@@ -29,7 +29,10 @@ from django.utils import timezone
 from pydantic import ValidationError
 
 from audit import canonical
+from audit.chain import link_problem
+from audit.keys import chain_keys
 from audit.models import TransitionEvent
+from audit.verify import keyed_since
 from ledger import integrity
 from tasks import checkpoints, doorbell, hotpath, metrics, registry, sealing
 from tasks.checkpoints import Scalar
@@ -319,17 +322,25 @@ def _latest_checkpoint_row(task_id: UUID) -> QuerySet[Checkpoint]:
     )
 
 
-def latest_checkpoint(task: Task) -> checkpoints.Checkpoint:
+def latest_checkpoint(task: Task, *, vouched: bool = False) -> checkpoints.Checkpoint:
     """Verify, decode (and migrate) the task's newest checkpoint.
 
     The row comes with the digest its audit event recorded (one query), and
     ``checkpoints.decode_stored`` refuses a body that is not what that
-    transition wrote. Raises ``CheckpointUnreadable`` — including reason
+    transition wrote. ``vouched`` (what a worker resumes from): also that the
+    event recording it is a keyed link (``audit.chain.link_problem``; one more
+    read), since the app role may insert checkpoints and events but cannot key
+    them. Raises ``CheckpointUnreadable`` — including reason
     ``checkpoint_missing`` when the task has none.
     """
     row = hotpath.load("latest_checkpoint", _latest_checkpoint_row, task.pk)
     if row is None:
         raise checkpoints.CheckpointUnreadable("checkpoint_missing", "task has no checkpoint")
+    if vouched and row.recorded_digest:
+        event = TransitionEvent.objects.filter(task_id=task.pk, state_version=row.state_version).first()
+        problem = event and link_problem(event, chain_keys(), keyed_since)
+        if problem:
+            raise checkpoints.CheckpointUnreadable(checkpoints.CheckpointUnreadable.DIGEST_MISMATCH, problem)
     return checkpoints.decode_stored(row, recorded_digest=row.recorded_digest)
 
 
@@ -362,7 +373,7 @@ def task_resume_point(task_id: UUID | str, *, actor: Actor, lease: Held | None =
     if task is None:
         raise Task.DoesNotExist(f"task {task_id} does not exist")
     try:
-        return ResumePoint(task, latest_checkpoint(task))
+        return ResumePoint(task, latest_checkpoint(task, vouched=True))
     except checkpoints.CheckpointUnreadable as exc:
         if task.state == State.QUARANTINED:
             return ResumePoint(task, None)

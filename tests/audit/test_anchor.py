@@ -132,6 +132,19 @@ def test_the_command_and_the_beat_task_write_to_the_anchor_directory(acme, tmp_p
     assert entry["schedule"] < django_settings.AUDIT_ANCHOR_INTERVAL
 
 
+def test_the_anchor_job_runs_on_its_own_queue_not_on_the_region_workers_holding_only_public_keys():
+    """Region workers hold the chain key; the anchor key that signs tombstones must not sit with it.
+    Beat's poll and the one-off anchor go to the ``audit`` queue, which one worker holding that key
+    consumes; the rest of beat's work stays with the region."""
+    from config.celery import app
+
+    def queue(name: str) -> str:
+        return app.amqp.router.route({}, name)["queue"].name
+
+    assert queue("audit.anchor_if_due") == queue("audit.anchor") == django_settings.AUDIT_QUEUE == "audit"
+    assert queue("tasks.sweep") == django_settings.CELERY_TASK_DEFAULT_QUEUE != "audit"
+
+
 # --- Verifying against it ---------------------------------------------------------------------
 
 

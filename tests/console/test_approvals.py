@@ -240,6 +240,6 @@ def test_inbox_and_request_page_queries_are_bounded(
     with django_assert_max_num_queries(9):
         client.get("/console/approvals/")
     # 12: the money policy's earlier effects for the request's business reference (one indexed read),
-    # and the earlier decisions for its action on its lineage (separation of duties, one read).
+    # and the session's second-factor device (SecondFactorMiddleware, every request of an approver).
     with django_assert_max_num_queries(12):
         client.get(f"/console/approvals/{request.pk}/")

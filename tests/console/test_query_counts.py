@@ -28,10 +28,10 @@ CEILING = {  # measured when written, plus a little room: 10, 19, 8, 9, 6, 6, 10
     "queue": 13,
     "task": 25,
     "approvals": 11,
-    "approval": 13,  # + the earlier decisions (separation of duties) and earlier effects (money policy)
+    "approval": 13,  # issue 20: + earlier decisions, earlier effects, the second factor's device
     "quarantine": 9,
     "audit": 9,
-    "audit-task": 14,  # + the integrity badge's anchor window (the keyed moment, the last anchor)
+    "audit-task": 14,  # issue 20: + the second factor's device, keyed_since, the anchor badge
     "bulk-list": 8,
 }
 SLACK = 2  # more rows may add a "next page" probe, never a query per row

@@ -9,16 +9,23 @@ sandbox over HTTP, and counts what reached the payments system.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from approvals import services as approval_services
 from approvals.models import ApprovalRequest
+from audit.models import TransitionEvent
 from demo.sandbox.models import Effect
 from ledger import integrity
 from ledger.models import Action, DispatchState
-from runtime import controls, runner
+from runtime import controls, dispatch, runner
 from runtime.models import Alert, AlertKind
+from tasks import checkpoints
 from tasks.models import Checkpoint, Task
 from tasks.states import State
 from tests.audit.owner import triggers_off
@@ -142,6 +149,122 @@ def test_an_altered_approval_request_copy_quarantines_the_task_and_nothing_is_se
     assert payments() == 0 and not Action.objects.filter(task=task).exists()
     held = held_for_tampering(task)
     assert "copy" in held.events.latest("state_version").reason
+
+
+def test_a_payment_approved_and_moved_on_by_sql_without_an_approver_is_not_sent(acme):
+    """Two app-role ``UPDATE``s of columns the app writes (a request's ``status``, a task's ``state``)
+    paid 5,000 EUR nobody approved: the worker trusted the row's status. The decision is also in the
+    task's chained checkpoint (``approval_decide`` commits it with its keyed event), which says pending."""
+    task = invoice_task(acme, amount="5000.00")
+    assert run(task).state == State.WAITING_APPROVAL
+    request = ApprovalRequest.objects.get(task=task)
+    sql(
+        "UPDATE approvals_approvalrequest SET status = 'approved', decided_at = now() WHERE id = %s",
+        request.pk,
+    )
+    sql("UPDATE tasks_task SET state = 'ready' WHERE id = %s", task.id)
+    for _ in range(3):
+        run(task)
+    assert payments() == 0 and not Action.objects.filter(task=task).exists()
+    held = held_for_tampering(task)
+    assert "records it pending" in held.events.latest("state_version").reason
+
+
+def forge_next_checkpoint(task: Task, change: Callable[[dict[str, Any]], None]) -> int:
+    """What the app role can do without the chain key: INSERT a checkpoint (``change`` applied to the
+    newest one's body) and an event recording its digest whose hash is not a keyed link, then point
+    the task at it. Its version."""
+    task = Task.objects.get(pk=task.pk)
+    newest = Checkpoint.objects.get(task=task, state_version=task.state_version)
+    body = json.loads(newest.body)
+    change(body)
+    forged = json.dumps(body)
+    last = task.events.get(state_version=task.state_version)
+    version = task.state_version + 1
+    Checkpoint.objects.create(
+        task=task,
+        state_version=version,
+        schema_version=newest.schema_version,
+        codec=newest.codec,
+        body=forged,
+        digest=checkpoints.digest(forged),
+        created_at=timezone.now(),
+    )
+    decided = task.state == State.WAITING_APPROVAL
+    TransitionEvent.objects.create(
+        task=task,
+        tenant=task.tenant,
+        state_version=version,
+        from_state=task.state,
+        to_state=State.READY,
+        trigger="approval_decided" if decided else "step",
+        actor_kind="user" if decided else "worker",
+        actor_id="user:nobody" if decided else "worker:nobody",
+        attempt=last.attempt,
+        policy_version=last.policy_version,
+        checkpoint_digest=checkpoints.digest(forged),
+        created_at=timezone.now(),
+        prev_hash=last.hash,
+        hash="f" * 64,  # without the chain key no valid link can be made
+        key_id=last.key_id,
+    )
+    sql("UPDATE tasks_task SET state = 'ready', state_version = %s WHERE id = %s", version, task.id)
+    return version
+
+
+def test_an_approval_forged_with_an_inserted_checkpoint_and_unkeyed_event_is_not_sent(acme):
+    """The app role may INSERT events and checkpoints (it writes them) but holds no chain key: a
+    forged "approved" checkpoint with a matching event whose hash is not keyed vouches for nothing.
+    The worker does not resume from it."""
+    task = invoice_task(acme, amount="5000.00")
+    assert run(task).state == State.WAITING_APPROVAL
+    request = ApprovalRequest.objects.get(task=task)
+
+    def approved(body: dict[str, Any]) -> None:
+        body["step"] = "pay"
+        body["approvals"] = [{**ref, "status": "approved"} for ref in body["approvals"]]
+
+    forge_next_checkpoint(task, approved)
+    sql(
+        "UPDATE approvals_approvalrequest SET status = 'approved', decided_at = now() WHERE id = %s",
+        request.pk,
+    )
+    for _ in range(3):
+        run(task)
+    assert payments() == 0 and not Action.objects.filter(task=task).exists()
+    task = Task.objects.get(pk=task.pk)
+    assert (task.state, task.state_reason) == (State.QUARANTINED, "checkpoint_digest_mismatch")
+
+
+def test_the_send_check_finds_no_keyed_decision_for_a_request_approved_by_sql_only(acme, approver):
+    """At the send, the approval is also looked up in the chain (``approval_decided``, keyed)."""
+    task = invoice_task(acme, amount="5000.00")
+    assert run(task).state == State.WAITING_APPROVAL
+    forged = ApprovalRequest.objects.get(task=task)
+    sql("UPDATE approvals_approvalrequest SET status = 'approved' WHERE id = %s", forged.pk)
+    assert "approved by no keyed approval_decided event" in dispatch._unchained_approval(forged)
+    other = invoice_task(acme, amount="6000.00", invoice_id="INV-2")
+    assert run(other).state == State.WAITING_APPROVAL
+    approve(other, approver)
+    assert dispatch._unchained_approval(ApprovalRequest.objects.get(task=other)) == ""
+
+
+def test_a_payment_whose_facts_were_forged_in_an_inserted_checkpoint_is_not_sent(acme):
+    """40.00 EUR under every limit: the forged checkpoint says 990.00, and the worker intended (and
+    keyed) what the forged facts said. A worker resumes only from a checkpoint a keyed event records."""
+    task = invoice_task(acme, amount="40.00")
+    runner.run_task(task.id, worker_id="test-worker", region="default", stopping=lambda: True)
+
+    def pay_more(body: dict[str, Any]) -> None:
+        body["facts"] = {**body["facts"], "amount": "990.00"}
+
+    forge_next_checkpoint(task, pay_more)
+    for _ in range(3):
+        run(task)
+    assert [effect.request["amount"] for effect in Effect.objects.filter(system="payments")] == []
+    task = Task.objects.get(pk=task.pk)
+    assert (task.state, task.state_reason) == (State.QUARANTINED, "checkpoint_digest_mismatch")
+    assert "written without the chain key" in task.events.latest("state_version").reason
 
 
 def test_releasing_a_task_held_for_a_tampered_effect_sends_nothing_and_holds_it_again(acme, operator):

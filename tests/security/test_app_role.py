@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from demo.sandbox.models import Effect
-from ledger.models import Action
+from ledger.models import Action, MoneyMovement
 from runtime import runner
 from tasks.models import Task
 from tasks.states import State
@@ -40,6 +40,7 @@ from tests.workflow import ROOT, database_url
 
 User = get_user_model()
 INVOICE = {"invoice_id": "INV-5", "amount": "5000.00", "currency": "EUR"}
+SMALL = {"invoice_id": "INV-6", "amount": "40.00", "currency": "EUR"}  # under every limit: paid directly
 
 
 def role_url(name: str) -> str:
@@ -185,6 +186,50 @@ def test_the_app_role_cannot_rewrite_a_queued_actions_effect(acme, app_role):  #
     assert action.effect["amount"] == "77.00" and action.attempts == 1
 
 
+def test_the_app_role_cannot_rewrite_the_api_token_a_task_was_started_with(acme, app_role):  # noqa: F811
+    """The per-token running total reads it: moving a task to another token (or none) would reset it."""
+    name, connect = app_role
+    task = make_task(acme)
+    assert "permission denied" in refused(
+        connect(), "UPDATE tasks_task SET api_token_id = NULL WHERE id = %s", [task.id]
+    )
+
+
+def test_the_app_role_cannot_rewrite_or_delete_a_money_movement(sandbox, acme, operator, app_role):  # noqa: F811
+    """What the money policy counts is history: not an amount lowered, not a payment forgotten."""
+    name, connect = app_role
+    task = make_task(acme, task_type="pay_invoice", objective="Pay INV-6", input=SMALL, owner=operator)
+    runner.run_task(task.id, worker_id="test-worker", region="default")
+    movement = MoneyMovement.objects.get(action__task=task)
+    conn = connect()
+    for sql in (
+        "UPDATE ledger_moneymovement SET amount = 0 WHERE id = %s",
+        "UPDATE ledger_moneymovement SET reference = '' WHERE id = %s",
+        "DELETE FROM ledger_moneymovement WHERE id = %s",
+    ):
+        assert "permission denied" in refused(conn, sql, [movement.pk]), sql
+    assert MoneyMovement.objects.get(pk=movement.pk).amount == movement.amount
+
+
+def test_the_app_role_cannot_remove_anyone_barred_from_deciding_a_request(payment, app_role):  # noqa: F811
+    """``barred`` stays writable for escalations to extend it; emptying it would let the requester's
+    co-causes (a rerunner, an escalator, an earlier decider) decide after all."""
+    name, connect = app_role
+    request = ApprovalRequest.objects.get(task=payment)
+    assert "user:acme-operator" in request.barred
+    conn = connect()
+    for forged in ("{}", '{"user:acme-operator": []}', '{"user:someone-else": ["escalated"]}'):
+        assert "barred only grows" in refused(
+            conn, "UPDATE approvals_approvalrequest SET barred = %s WHERE id = %s", [forged, request.pk]
+        ), forged
+    with conn.transaction():  # an escalation adds its escalator: allowed
+        conn.execute(
+            "UPDATE approvals_approvalrequest SET barred = barred || %s WHERE id = %s",
+            ['{"user:acme-admin": ["escalated"]}', request.pk],
+        )
+    assert set(ApprovalRequest.objects.get(pk=request.pk).barred) == {"user:acme-operator", "user:acme-admin"}
+
+
 # --- memberships and account privileges -------------------------------------------------------------
 
 
@@ -316,6 +361,94 @@ def test_the_application_runs_a_payment_through_approval_and_escalation_as_the_a
     before = operator.password
     operator.refresh_from_db()
     assert operator.password != before and operator.last_login is not None
+
+
+RERUN_FLOW = """
+import json, time
+from pathlib import Path
+from django.test.utils import setup_test_environment
+setup_test_environment()
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test import Client
+from audit.anchor import anchor_if_due
+from audit.models import AnchorRequest
+from demo.sandbox.models import Effect, Fault
+from ledger.models import MoneyMovement
+from runtime import runner
+from tasks.models import Task
+
+operator = get_user_model().objects.get(username="{operator}")
+as_operator = Client()
+as_operator.force_login(operator)
+
+def post(path, body):
+    response = as_operator.post(path, json.dumps(body), content_type="application/json")
+    assert response.status_code in (200, 201, 202), (path, response.status_code, response.content[:500])
+    return response.json()
+
+def run(task_id):
+    runner.run_task(task_id, worker_id="app-role-worker", region="default")
+    return Task.objects.get(pk=task_id)
+
+# The payment lands while its answer times out; the operator cancels; the cancel finds it paid.
+Fault.objects.create(system="payments", operation="dispatch", kind="timeout", params={{"seconds": 1}})
+started = post("/api/tasks/", {{"task_type": "pay_invoice", "objective": "Pay INV-6", "input": {invoice}}})
+task = run(started["id"])
+assert task.state == "outcome_unknown", task.state
+deadline = time.monotonic() + 10
+while not Effect.objects.filter(system="payments").exists():
+    assert time.monotonic() < deadline, "the payment never landed"
+    time.sleep(0.05)
+post(f"/api/tasks/{{task.id}}/cancel/", {{"expected_version": task.state_version, "reason": "withdrawn"}})
+task = run(task.id)
+assert task.state == "canceled", (task.state, task.state_reason)
+assert MoneyMovement.objects.filter(action__task=task).count() == 1  # inserted with the intent
+rerun = run(post(f"/api/tasks/{{task.id}}/rerun/", {{"reason": "try again"}})["id"])
+assert rerun.state == "completed", (rerun.state, rerun.state_reason)
+assert rerun.events.filter(reason_code="effect_reused").exists()
+assert AnchorRequest.objects.exists()  # rung by the consequential transitions, as the app role
+written = anchor_if_due(Path("{anchors}"))  # the beat's job, as the app role
+assert written is not None and not AnchorRequest.objects.exists()
+with connection.cursor() as cursor:
+    cursor.execute("SELECT current_user")
+    (user,) = cursor.fetchone()
+print(json.dumps({{"task": str(task.id), "rerun": str(rerun.id), "user": user}}))
+"""
+
+
+def test_the_application_reuses_a_paid_effect_on_rerun_and_anchors_as_the_app_role(
+    sandbox,
+    acme,
+    operator,
+    app_role,  # noqa: F811
+    tmp_path,
+):
+    """A payment under the money policy (its movement), a cancel that finds it paid, an operator's
+    rerun that reuses it, and the anchor job answering the doorbells: all as the app role."""
+    name, _ = app_role
+    script = RERUN_FLOW.format(operator=operator.username, invoice=json.dumps(SMALL), anchors=tmp_path)
+    ran = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", script],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "DATABASE_URL": role_url(name),
+            "DEBUG": "1",
+            "SANDBOX_BASE_URL": sandbox,
+            "CONNECTOR_TIMEOUT": "0.3",
+            "LEDGER_LOOKUP_INTERVAL": "0",
+        },
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    shown = json.loads(ran.stdout.strip().splitlines()[-1])
+    assert shown["user"] == name
+    assert Task.objects.get(pk=shown["rerun"]).state == State.COMPLETED
+    assert Effect.objects.filter(system="payments").count() == 1  # paid once: the rerun sent nothing
+    assert list(tmp_path.glob("anchor-*.jsonl"))
 
 
 # --- db_roles run by an owner that is not a superuser -------------------------------------------------

@@ -245,11 +245,28 @@ def test_an_approval_asked_before_another_task_paid_the_invoice_does_not_cover_p
     event = TransitionEvent.objects.filter(task=big, reason_code="approval_requested").latest("state_version")
     assert event.reason.startswith("re-approval: made since it was asked: 500.00 EUR")
 
-    # Who approved the first request decided this action before: another approver consents (item 1).
-    assert decide(approver, again, "approve").status_code == 403
-    second = make_user("acme-approver2", acme, Role.APPROVER)
-    assert decide(second, again, "approve").status_code == 200
+    # The re-approval is a later request for the same action: whoever decided the first may not
+    # decide it (separation of duties, ``approvals.authority``); another approver does.
+    refused = decide(approver, again, "approve")
+    assert (refused.status_code, refused.json()["code"]) == (403, "decided_before")
+    assert decide(make_user("acme-approver2", acme, Role.APPROVER), again, "approve").status_code == 200
     assert run(Task.objects.get(pk=big.pk)).state == State.COMPLETED
+    assert len(payments()) == 2
+
+
+def test_the_approver_of_an_invoices_first_payment_may_approve_another_tasks_second(operator, approver, acme):
+    """A second payment of the invoice by another task is another action, not a later request for the
+    same one: its approval shows the first payment, and the first one's approver and requester
+    caused nothing of it, so they are not barred (only the lineage's people are)."""
+    first = start_payment(operator, "2000.00", invoice="INV-7")
+    assert decide(approver, ApprovalRequest.objects.get(task=first), "approve").status_code == 200
+    assert run(Task.objects.get(pk=first.pk)).state == State.COMPLETED
+    both = make_user("acme-both", acme, Role.OPERATOR, Role.APPROVER)
+    second = start_payment(both, "500.00", invoice="INV-7")
+    request = ApprovalRequest.objects.get(task=second)
+    assert set(request.barred) == {"user:acme-both"}
+    assert decide(approver, request, "approve").status_code == 200
+    assert run(Task.objects.get(pk=second.pk)).state == State.COMPLETED
     assert len(payments()) == 2
 
 

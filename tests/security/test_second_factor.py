@@ -265,3 +265,24 @@ def test_a_locked_out_session_on_the_code_page_is_signed_out_whatever_code_it_se
     assert response.status_code == 429 and b"acme-approver" in response.content
     assert "_auth_user_id" not in client.session
     assert not events(approver, Kind.SECOND_FACTOR_PASSED)
+
+
+@pytest.mark.parametrize("page", [CODE_PAGE, ENROLL_PAGE])
+def test_a_nul_in_a_code_is_refused_with_the_console_forms_message_and_counts_nothing(page, acme, approver):
+    """The code forms are console forms too (``console.forms.ConsoleForm``): a NUL is named, where."""
+    if page == CODE_PAGE:
+        device_for(approver)
+    client = Client()
+    password(client, approver.get_username())
+    response = client.post(page, {"code": "123\x00456"})
+    assert response.status_code == 400
+    assert "This text contains a NUL character (at position 3): remove it." in response.content.decode()
+    assert events(approver, Kind.SECOND_FACTOR_FAILED) == []
+
+
+def test_the_code_page_shows_an_invisible_character_typed_into_the_code(acme, approver):
+    device_for(approver)
+    client = Client()
+    password(client, approver.get_username())
+    page = give_code(client, "123\u202e456").content.decode()
+    assert "\u202e" not in page and "⟨U+202E⟩" in page

@@ -20,13 +20,16 @@ nothing, with exactly:
 - less where the app has no business writing:
 
   - history (``APPEND_ONLY``: no ``UPDATE``/``DELETE``; their triggers refuse it
-    anyway), the access log included;
+    anyway), the access log and the money policy's movements included;
   - what a row was created with and the app never rewrites (``WITHHELD``: no
     ``UPDATE`` of those columns, every other column as before): a task's input,
     its ``request_digest``, identity and lineage (owner, parent, rerun, the
-    action it compensates: who asked decides who may approve); an approval
+    action it compensates: who asked decides who may approve) and the API token
+    it was started with (the money policy's per-token total); an approval
     request's copies (consequential, material, digest, evidence, requester,
-    policy); an action's effect and its key scheme. The app's writers move only state columns:
+    policy; who may not decide it, ``barred``, stays writable for escalations
+    to extend, and a trigger, approvals migration 0005, refuses removing anyone
+    from it); an action's effect and its key scheme. The app's writers move only state columns:
     transitions (state, version, outcome, escalation…), decisions
     (``status``, ``decided_at``), escalation (``approver_role``,
     ``waiting_version``), expiry, dispatch progress;
@@ -70,12 +73,13 @@ APPEND_ONLY = (
     "audit_tombstone",
     "approvals_approvaldecision",
     "tenancy_accessevent",
+    "ledger_moneymovement",
 )
 # Columns the app never updates once the row exists (key rotation and retention run as the owner).
 WITHHELD = {
     "tasks_task": (
         "id", "tenant_id", "task_type", "objective", "input", "idempotency_key", "request_digest",
-        "created_at", "owner_id", "parent_id", "rerun_of_id", "compensates_id",
+        "created_at", "owner_id", "parent_id", "rerun_of_id", "compensates_id", "api_token_id",
     ),
     "approvals_approvalrequest": (
         "id", "task_id", "tenant_id", "step", "action_step", "consequential", "digest", "material",

@@ -59,7 +59,7 @@ class Command(BaseCommand):
                 *celery,
                 "worker",
                 "-Q",
-                f"region.{settings.WORKER_REGION}",
+                f"region.{settings.WORKER_REGION},{settings.AUDIT_QUEUE}",  # one host: the anchors too
                 "-c",
                 str(concurrency),
                 "--loglevel=INFO",
