@@ -70,6 +70,14 @@ APPROVAL_LATENCY = _seconds(
 APPROVALS_EXPIRED = _counter("durable_approvals_expired", "Approval requests that expired undecided")
 HEARTBEATS = _counter("durable_worker_heartbeats", "Lease heartbeats a worker process sent, by worker id")
 LEASES_LOST = _counter("durable_leases_lost", "Leases a worker's heartbeat found lost, by worker id")
+CLOCK_SKEW = _meter.create_gauge(
+    "durable_worker_clock_skew_seconds",
+    unit="s",
+    description="This worker's clock minus the database's, measured at start and on every heartbeat",
+)
+CLAIMS_REFUSED = _counter(
+    "durable_claims_refused", "Claims a worker refused to make, by worker id and reason (clock_skew)"
+)
 
 
 def transitioned(trigger: str, task_type: str, *, left: datetime | None = None, at: datetime) -> None:
@@ -166,6 +174,14 @@ def heartbeat(held: Iterable[_Held], lost: Collection[Any]) -> None:
             LEASES_LOST.add(1, {"worker": lease.worker_id})
     for worker in workers:
         HEARTBEATS.add(1, {"worker": worker})
+
+
+def clock_skew(seconds: float) -> None:
+    CLOCK_SKEW.set(seconds)
+
+
+def claim_refused(worker_id: str, reason: str) -> None:
+    CLAIMS_REFUSED.add(1, {"worker": worker_id, "reason": reason})
 
 
 def _since(start: datetime, end: datetime) -> float:
