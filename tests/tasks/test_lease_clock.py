@@ -18,7 +18,9 @@ from unittest import mock
 import pytest
 from django.db import connection
 from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
 
+from config import metrics as metrics_config
 from tasks import leases, liveness
 from tasks.models import Lease, Task
 from tasks.states import State, Trigger
@@ -156,3 +158,30 @@ def test_a_worker_whose_clock_is_set_right_again_claims_after_its_next_measureme
     assert leases.claim_next(worker_id="w", region=REGION, ttl=TTL) == []
     assert abs(liveness.measure_skew()) < 1
     assert [held.task_id for held in leases.claim_next(worker_id="w", region=REGION, ttl=TTL)] == [task.id]
+
+
+def test_the_skew_and_the_refused_claims_are_shown_on_the_metrics_endpoint(acme, settings, client):
+    settings.WORKER_MAX_CLOCK_SKEW = 5.0
+    settings.METRICS_CACHE_SECONDS = 0
+    settings.METRICS_TOKEN = ""
+    settings.METRICS_ALLOW_IPS = ["127.0.0.1/32"]
+    assert metrics_config.configure()
+    make_task(acme)
+
+    def scraped(name: str, **labels: str) -> float | None:
+        response = client.get("/metrics")
+        assert response.status_code == 200, response.content
+        for family in text_string_to_metric_families(response.content.decode()):
+            for sample in family.samples:
+                if sample.name == name and labels.items() <= sample.labels.items():
+                    return float(sample.value)
+        return None
+
+    counted = {"worker": "metrics-ahead", "reason": "clock_skew"}
+    refused_before = scraped("durable_claims_refused_total", **counted) or 0.0
+    liveness.measure_skew(clock=lambda: time.time() + AHEAD.total_seconds())
+    assert leases.claim_next(worker_id="metrics-ahead", region=REGION, ttl=TTL) == []
+    skew = scraped("durable_worker_clock_skew_seconds")
+    assert skew is not None and abs(skew - AHEAD.total_seconds()) < 2
+    refused = scraped("durable_claims_refused_total", **counted)
+    assert refused == refused_before + 1
