@@ -44,6 +44,7 @@ demo: install
 # cannot see that 5: under CI (CI set, as .ci/run does) it is not a failure of the build.
 test: install-dev
 	scripts/ensure-chromium
+	scripts/ensure-faketime
 	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 2 $(PYTEST_ARGS) || { status=$$?; [ "$$status" -eq 5 ] && [ -n "$${CI:-}" ]; }
 
 # What the default run leaves out (pytest -m slow): the payment soak at full size and the whole

@@ -421,6 +421,10 @@ WORKER_DB_CONNECTIONS = env.int("WORKER_DB_CONNECTIONS", default=0)  # 0: min(co
 # that died are taken over at once instead of after their TTL (tasks/liveness.py). Turn it off
 # behind a transaction-pooling proxy, where session locks mean nothing.
 WORKER_LIVENESS = env.bool("WORKER_LIVENESS", default=True)
+# Leases are timed by the database's clock; a worker measures its own clock against it at start and
+# on every heartbeat, and claims nothing while the two differ by more than this many seconds (the
+# other times it writes, deadlines and audit times among them, come from its own clock).
+WORKER_MAX_CLOCK_SKEW = env.float("WORKER_MAX_CLOCK_SKEW", default=5.0)
 
 # The model behind "model turn" steps: the deterministic scripted model, or any
 # OpenAI-compatible chat endpoint.

@@ -13,7 +13,10 @@ With the same beat it asks whether any of those tasks has an open cancel
 request (one more query), and signals the slot running it.
 
 The same thread checks the process's liveness connection (``tasks.liveness``)
-and reopens it after a database restart.
+and reopens it after a database restart; that round trip also measures the
+process's clock against the database's, so a worker whose clock drifted past
+``WORKER_MAX_CLOCK_SKEW`` stops claiming within a beat (the leases it holds run
+on the database's clock whatever its own says).
 
 It never dies: a beat the database refuses (lost, read-only, shut down) or
 fails for a reason nobody classified is logged and counted by its SQLSTATE

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -39,6 +38,13 @@ def _prepared() -> dict[Any, Any]:
 
 def _column(model: type[models.Model], name: str) -> str:
     return _quoted(_connection(), model._meta.get_field(name))
+
+
+def _now(connection: BaseDatabaseWrapper) -> str:
+    """The database's own now, in SQL (a lease's liveness is judged by its clock, never the worker's)."""
+    if connection.vendor == "postgresql":
+        return "STATEMENT_TIMESTAMP()"  # as Django's Now(): the statement's time, not the transaction's
+    return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')"  # SQLite (the demo): as Now() there
 
 
 def _quoted(connection: BaseDatabaseWrapper, field: models.Field[Any, Any] | ForeignObjectRel) -> str:
@@ -107,12 +113,12 @@ def compare_and_set(
     expected_version: int,
     from_state: str,
     fields: Sequence[str],
-    lease: tuple[int, str, datetime] | None = None,
+    lease: tuple[int, str] | None = None,
     epoch: int | None = None,
 ) -> bool:
     """Write ``fields`` of ``task`` and bump its version, only if it is still at
     ``expected_version`` in ``from_state`` (and, given ``lease`` = (token,
-    worker id, now), only while that lease is live; given ``epoch``, only while
+    worker id), only while that lease is live by the database's clock; given ``epoch``, only while
     the task's ownership epoch is that one: no failover since). True if the row changed.
     """
     key = ("update", tuple(fields), lease is not None, epoch is not None)
@@ -131,7 +137,8 @@ def compare_and_set(
             sql += (
                 f" AND EXISTS (SELECT 1 FROM {connection.ops.quote_name(Lease._meta.db_table)}"
                 f" WHERE {_column(Lease, 'task')} = %s AND {_column(Lease, 'token')} = %s"
-                f" AND {_column(Lease, 'worker_id')} = %s AND {_column(Lease, 'expires_at')} > %s)"
+                f" AND {_column(Lease, 'worker_id')} = %s"
+                f" AND {_column(Lease, 'expires_at')} > {_now(connection)})"
             )
         prepared[key] = (sql, [Task._meta.get_field(name) for name in fields])
     sql, columns = prepared[key]
@@ -141,13 +148,8 @@ def compare_and_set(
     if epoch is not None:
         params.append(epoch)
     if lease is not None:
-        token, worker_id, now = lease
-        params += [
-            pk,
-            token,
-            worker_id,
-            Lease._meta.get_field("expires_at").get_db_prep_value(now, connection),
-        ]
+        token, worker_id = lease
+        params += [pk, token, worker_id]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         updated: int = cursor.rowcount

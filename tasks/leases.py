@@ -12,6 +12,13 @@ On PostgreSQL the claim locks candidate task rows with ``FOR UPDATE SKIP
 LOCKED``, so concurrent claimers never wait on each other and never claim the
 same task. SQLite (demo only) ignores that clause; there the lease row's
 compare-and-set is what keeps a claim single.
+
+Every time a lease is judged by comes from the database's clock: the claim reads its ``now``
+in its first statement, and the heartbeat, release and fence statements use
+``now`` inside themselves (``Now()``), so a worker whose own clock is off
+neither takes live leases nor writes leases that outlive it. A worker too far
+off the database's clock claims nothing (``liveness.claims_refused``): the
+times it writes elsewhere (deadlines, audit times) would be wrong.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from uuid import UUID
 from django.db import connection, transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.db.models.expressions import RawSQL
-from django.utils import timezone
+from django.db.models.functions import Now
 from opentelemetry import trace
 
 from audit.models import LeaseTakeover
@@ -59,9 +66,11 @@ def _holder_alive() -> Q:
     return Q(holder_key__isnull=True) | Q(holder_key__in=RawSQL(liveness.HELD_KEYS_SQL, ()))
 
 
-def live_lease_exists(now: datetime) -> Exists:
-    """Subquery: the outer task has a lease that has not expired at ``now`` and whose holder lives."""
-    return Exists(Lease.objects.filter(_holder_alive(), task_id=OuterRef("pk"), expires_at__gt=now))
+def live_lease_exists(now: datetime | None = None) -> Exists:
+    """Subquery: the outer task has a lease that has not expired at ``now`` (default: the database's
+    clock, as a claim judges) and whose holder lives."""
+    at = Now() if now is None else now
+    return Exists(Lease.objects.filter(_holder_alive(), task_id=OuterRef("pk"), expires_at__gt=at))
 
 
 def _gone_holders(leases: list[Lease]) -> set[int]:
@@ -148,9 +157,21 @@ def _claimed(span: trace.Span, worker_id: str, region: str, held: list[Held]) ->
         )
 
 
+def _refused(worker_id: str) -> bool:
+    """Whether this process claims nothing now: its clock is too far off the database's (counted)."""
+    if liveness.claims_refused() is None:
+        return False
+    metrics.claim_refused(worker_id, "clock_skew")
+    return True
+
+
 def claim(task_id: UUID | str, *, worker_id: str, region: str, ttl: timedelta = DEFAULT_TTL) -> Held | None:
-    """Claim one task if it is runnable in ``region`` and nobody holds a live lease."""
-    now = timezone.now()
+    """Claim one task if it is runnable in ``region`` and nobody holds a live lease.
+
+    Refuses (None) while this process's clock is too far off the database's (``liveness.claims_refused``).
+    """
+    if _refused(worker_id):
+        return None
     with tracer.start_as_current_span("lease.claim", attributes={"durable.task.id": str(task_id)}) as span:
         with transaction.atomic(durable=True):
             task = (
@@ -162,11 +183,12 @@ def claim(task_id: UUID | str, *, worker_id: str, region: str, ttl: timedelta = 
                     # Written by a newer deployment: its workers run it, ours would only have to let go.
                     checkpoint_schema__lte=checkpoints.CURRENT_SCHEMA,
                 )
+                .annotate(database_now=Now())  # the claim's time, from the database's clock
                 .only("id", "ownership_epoch")
                 .first()
             )
             held = (
-                _take({task.id: task.ownership_epoch}, worker_id, now, ttl, region)
+                _take({task.id: task.ownership_epoch}, worker_id, task.database_now, ttl, region)
                 if task is not None
                 else []
             )
@@ -175,22 +197,28 @@ def claim(task_id: UUID | str, *, worker_id: str, region: str, ttl: timedelta = 
 
 
 def claim_next(*, worker_id: str, region: str, limit: int = 1, ttl: timedelta = DEFAULT_TTL) -> list[Held]:
-    """Claim up to ``limit`` runnable tasks of ``region`` without a live lease, oldest first."""
-    now = timezone.now()
+    """Claim up to ``limit`` runnable tasks of ``region`` without a live lease, oldest first.
+
+    Refuses ([]) while this process's clock is too far off the database's (``liveness.claims_refused``).
+    """
+    if _refused(worker_id):
+        return []
     began = time.time_ns()
     with transaction.atomic(durable=True):
         candidates = list(
             Task.objects.select_for_update(skip_locked=True, of=("self",))
             .filter(state__in=RUNNABLE, region=region, checkpoint_schema__lte=checkpoints.CURRENT_SCHEMA)
-            .exclude(live_lease_exists(now))
+            .exclude(live_lease_exists())
+            .annotate(database_now=Now())  # the claim's time, from the database's clock: the lapses use it
             .order_by("state_entered_at")
-            .values_list("id", "ownership_epoch")[:limit]
+            .values_list("id", "ownership_epoch", "database_now")[:limit]
         )
         if not candidates:
             return []  # no span: an idle worker asks twice a second, and nothing happened
+        now = candidates[0][2]
         # The span starts where the claim did (the query above is part of it).
         with tracer.start_as_current_span("lease.claim", start_time=began) as span:
-            held = _take(dict(candidates), worker_id, now, ttl, region)
+            held = _take({task_id: epoch for task_id, epoch, _ in candidates}, worker_id, now, ttl, region)
             _claimed(span, worker_id, region, held)
         return held
 
@@ -205,15 +233,14 @@ def fence(lease: Held, *, live: bool = True, at_version: int | None = None) -> E
     )
     if at_version is not None:
         rows = rows.filter(task__state_version=at_version)
-    return Exists(rows.filter(expires_at__gt=timezone.now()) if live else rows)
+    return Exists(rows.filter(expires_at__gt=Now()) if live else rows)
 
 
 def heartbeat(lease: Held, *, ttl: timedelta = DEFAULT_TTL) -> bool:
-    """Extend a lease still held with this token; False means it was lost."""
-    now = timezone.now()
+    """Extend a lease still held with this token, to ``ttl`` from the database's now; False: it was lost."""
     return bool(
-        Lease.objects.filter(task_id=lease.task_id, token=lease.token, expires_at__gt=now).update(
-            heartbeat_at=now, expires_at=now + ttl
+        Lease.objects.filter(task_id=lease.task_id, token=lease.token, expires_at__gt=Now()).update(
+            heartbeat_at=Now(), expires_at=Now() + ttl
         )
     )
 
@@ -221,18 +248,20 @@ def heartbeat(lease: Held, *, ttl: timedelta = DEFAULT_TTL) -> bool:
 def heartbeat_all(held: Collection[Held], *, ttl: timedelta = DEFAULT_TTL) -> set[UUID]:
     """Extend each lease in ``held`` still held with its token (one UPDATE); return the lost ones' task ids.
 
-    A second query runs only when some were lost, to tell which.
+    A second query runs only when some were lost, to tell which: those still live with their token
+    (one not extended had lapsed or been taken, and neither comes back).
     """
     if not held:
         return set()
-    now = timezone.now()
     mine = Q()
     for lease in held:
         mine |= Q(task_id=lease.task_id, token=lease.token)
-    extended = Lease.objects.filter(mine, expires_at__gt=now).update(heartbeat_at=now, expires_at=now + ttl)
+    extended = Lease.objects.filter(mine, expires_at__gt=Now()).update(
+        heartbeat_at=Now(), expires_at=Now() + ttl
+    )
     if extended == len(held):
         return set()
-    kept = set(Lease.objects.filter(mine, heartbeat_at=now).values_list("task_id", flat=True))
+    kept = set(Lease.objects.filter(mine, expires_at__gt=Now()).values_list("task_id", flat=True))
     return {lease.task_id for lease in held} - kept
 
 
@@ -243,8 +272,7 @@ def release(lease: Held, *, hold: timedelta | None = None) -> None:
     nothing to do for a while, e.g. a cancel waiting for an effect that may
     still land, instead of claiming it again in a tight loop.
     """
-    now = timezone.now()
-    until = now + hold if hold else now
+    until = Now() + hold if hold else Now()  # one statement: both columns get the same database time
     # heartbeat_at == expires_at marks a lease given up, not lapsed: the next claim is no takeover.
     Lease.objects.filter(task_id=lease.task_id, token=lease.token).update(
         expires_at=until, heartbeat_at=until
@@ -253,9 +281,8 @@ def release(lease: Held, *, hold: timedelta | None = None) -> None:
 
 def end_hold(task_id: UUID | str) -> None:
     """End the hold ``release(hold=…)`` left on a task, if it has one: something it waited for happened."""
-    now = timezone.now()
-    Lease.objects.filter(task_id=task_id, heartbeat_at=F("expires_at"), expires_at__gt=now).update(
-        expires_at=now, heartbeat_at=now
+    Lease.objects.filter(task_id=task_id, heartbeat_at=F("expires_at"), expires_at__gt=Now()).update(
+        expires_at=Now(), heartbeat_at=Now()
     )
 
 
@@ -269,15 +296,14 @@ def release_abandoned(worker_id: str, *, task_id: UUID | str | None = None) -> i
     claim counts as a takeover, not a clean release). Safe even if the holder
     were still at work: the token stays, so its next write is fenced off.
     """
-    now = timezone.now()
     # A lease given up with a hold (heartbeat_at == expires_at) was not abandoned: it keeps its hold.
     abandoned = Lease.objects.filter(
-        worker_id=worker_id, expires_at__gt=now, heartbeat_at__lt=F("expires_at")
+        worker_id=worker_id, expires_at__gt=Now(), heartbeat_at__lt=F("expires_at")
     )
     if task_id is not None:
         abandoned = abandoned.filter(task_id=task_id)
     with tracer.start_as_current_span("lease.expire") as span:
-        count = abandoned.update(expires_at=now)
+        count = abandoned.update(expires_at=Now())
         if span.is_recording():
             span.set_attributes({"durable.worker.id": worker_id, "durable.lease.count": count})
     return count

@@ -74,6 +74,14 @@ DATABASE_ERRORS = _counter(
     "durable_worker_database_errors",
     "Database errors a worker rode out (reconnected, backed off), by reason (SQLSTATE class) and where",
 )
+CLOCK_SKEW = _meter.create_gauge(
+    "durable_worker_clock_skew_seconds",
+    unit="s",
+    description="This worker's clock minus the database's, measured at start and on every heartbeat",
+)
+CLAIMS_REFUSED = _counter(
+    "durable_claims_refused", "Claims a worker refused to make, by worker id and reason (clock_skew)"
+)
 
 
 def transitioned(trigger: str, task_type: str, *, left: datetime | None = None, at: datetime) -> None:
@@ -175,6 +183,14 @@ def heartbeat(held: Iterable[_Held], lost: Collection[Any]) -> None:
 def database_error(reason: str, where: str) -> None:
     """A database error a worker met and rode out (``runtime.reconnect``), by what it means and where."""
     DATABASE_ERRORS.add(1, {"reason": reason, "where": where})
+
+
+def clock_skew(seconds: float) -> None:
+    CLOCK_SKEW.set(seconds)
+
+
+def claim_refused(worker_id: str, reason: str) -> None:
+    CLAIMS_REFUSED.add(1, {"worker": worker_id, "reason": reason})
 
 
 def _since(start: datetime, end: datetime) -> float:

@@ -557,7 +557,7 @@ def _advance(
             # after waiting on its row lock).
             # The fences (lease, ownership epoch) ride on the same UPDATE: no extra round trip, no gap
             # between check and write.
-            fence = (lease.token, lease.worker_id, now) if lease is not None else None
+            fence = (lease.token, lease.worker_id) if lease is not None else None
             written = WRITTEN if changes.keys() & OWNERSHIP else ROUTINE_WRITTEN
             updated = hotpath.compare_and_set(
                 task, expected_version=expected_version, from_state=from_state, fields=written, lease=fence,
