@@ -79,7 +79,9 @@ class Loop:
             while not should_stop():
                 try:
                     done = 0
-                    if time.monotonic() >= chores_due:
+                    # A worker whose clock is off claims nothing (tasks.liveness): nor does it sweep,
+                    # expire waits or scan for alerts by that clock.
+                    if time.monotonic() >= chores_due and liveness.claims_refused() is None:
                         done = self.chores()
                         chores_due = time.monotonic() + (0.0 if done else self.chore_every)
                     free = self.concurrency - len(in_flight)

@@ -185,3 +185,26 @@ def test_the_skew_and_the_refused_claims_are_shown_on_the_metrics_endpoint(acme,
     assert skew is not None and abs(skew - AHEAD.total_seconds()) < 2
     refused = scraped("durable_claims_refused_total", **counted)
     assert refused == refused_before + 1
+
+
+def test_a_worker_whose_clock_is_off_runs_no_chores_by_it(db, settings):
+    """The sweep expires waits and the alert scan ages tasks by the worker's clock: a worker that may not
+    claim for its clock runs neither."""
+    from django.db import connections
+
+    from runtime.loop import Loop
+
+    def chores_run(limit: float) -> int:
+        settings.WORKER_MAX_CLOCK_SKEW = limit
+        ran: list[int] = []
+        rounds: list[int] = []
+        loop = Loop("w-skewed", REGION, 1, TTL, idle=0.01, chores=lambda: ran.append(1) or 0, chore_every=0)
+        try:
+            loop.run(should_stop=lambda: rounds.append(1) or len(rounds) > 5)
+        finally:
+            liveness.stop()
+            connections.close_all()
+        return len(ran)
+
+    assert chores_run(-1.0) == 0  # a limit no measured clock is within: this worker's clock is "off"
+    assert chores_run(5.0) > 0
