@@ -48,7 +48,16 @@ DONE_WITHIN = 10.0  # seconds after the database takes writes again
 # far past DONE_WITHIN, so only leases given back on recovery let the test pass.
 LEASE_TTL = 30.0
 ERRORS = "durable_worker_database_errors_total"
-WORKER_ENV = {"LEASE_TTL_SECONDS": str(LEASE_TTL), "LOG_LEVEL": "WARNING"}
+WORKER_ENV = {
+    "LEASE_TTL_SECONDS": str(LEASE_TTL),
+    "LOG_LEVEL": "WARNING",
+    # A send in flight when the database refused its record leaves the action in doubt: the reconciler
+    # settles it by lookup, trusting "not found" only past CONNECTOR_MAX_IN_FLIGHT. The sandbox commits
+    # within the 0.4 s latency, so 3 s is safe here (the 60 s default would outlast DONE_WITHIN).
+    "CONNECTOR_MAX_IN_FLIGHT": "3",
+    "LEDGER_LOOKUP_INTERVAL": "0.2",
+    "LEDGER_RESEND_BACKOFF": "0.2",
+}
 
 
 @pytest.fixture
