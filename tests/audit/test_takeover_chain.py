@@ -19,7 +19,7 @@ from audit.anchor import write_anchor
 from audit.chain import GENESIS
 from audit.keys import current_chain_key
 from audit.models import LeaseTakeover
-from audit.verify import verify_task
+from audit.verify import TAKEOVERS_CHAINED_MIGRATION, verify_task
 from tasks import leases
 from tasks.models import Task
 from tests.audit.owner import triggers_off
@@ -145,4 +145,21 @@ def test_an_ordinary_claim_writes_no_takeover_and_its_task_verifies_clean(acme):
     leases.release(held)
     assert leases.claim(task.id, worker_id="w2", region="default") is not None
     assert Task.objects.get(pk=task.pk).takeover_head == ""
+    assert verify_task(task) is None
+
+
+def test_unchained_takeovers_from_before_they_were_chained_verify_and_the_chain_starts_after_them(acme):
+    task = make_task(acme)
+    LeaseTakeover.objects.create(
+        task=task, worker_id="w1", token=2, previous_worker_id="w0", stale_token=1,
+        previous_heartbeat_at=timezone.now(), previous_expires_at=timezone.now(), taken_at=timezone.now(),
+    )  # fmt: skip
+    with connection.cursor() as cursor:  # takeovers chained only now: the row above is older history
+        cursor.execute(
+            "UPDATE django_migrations SET applied = clock_timestamp() WHERE app = %s AND name = %s",
+            list(TAKEOVERS_CHAINED_MIGRATION),
+        )
+    [chained] = [t for t in taken_over(task, "w1", "w2") if t.key_id]  # w1's token 2 lapses, w2 takes it
+
+    assert chained.prev_hash == GENESIS
     assert verify_task(task) is None
