@@ -10,8 +10,9 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from audit.models import LeaseTakeover
 from tasks import leases
@@ -131,3 +132,14 @@ def test_the_console_timeline_shows_a_takeover_between_the_events_it_came_betwee
     assert shown in timeline
     # Newest first: the step (v2) above the takeover, the takeover above the creation (v1).
     assert timeline.index('value="2"') < timeline.index(shown) < timeline.index('value="1"')
+
+
+def test_an_ordinary_claim_never_touches_the_takeover_chain(acme):
+    task, handed_on = make_task(acme), make_task(acme)
+    leases.release(claim(handed_on, "w1"))
+    with CaptureQueriesContext(connection) as fresh:
+        assert claim(task, "w1") is not None
+    with CaptureQueriesContext(connection) as handed:
+        assert claim(handed_on, "w2") is not None
+    for sql in [q["sql"] for q in (*fresh.captured_queries, *handed.captured_queries)]:
+        assert "takeover" not in sql  # neither the head nor the takeover table: only a takeover pays
