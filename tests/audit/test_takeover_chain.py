@@ -23,6 +23,7 @@ from audit.verify import TAKEOVERS_CHAINED_MIGRATION, verify_task
 from tasks import leases
 from tasks.models import Task
 from tests.audit.owner import triggers_off
+from tests.audit.test_tamper import app_role, refused  # noqa: F401 (app_role: a fixture)
 from tests.conftest import make_task
 
 pytestmark = pytest.mark.django_db
@@ -163,3 +164,13 @@ def test_unchained_takeovers_from_before_they_were_chained_verify_and_the_chain_
 
     assert chained.prev_hash == GENESIS
     assert verify_task(task) is None
+
+
+def test_the_app_role_moves_a_takeover_head_but_cannot_rewrite_a_takeover(acme, app_role):  # noqa: F811
+    task = make_task(acme)
+    [takeover] = taken_over(task, "w1", "w2")
+    conn = app_role[1]()
+    with conn.transaction():  # what a takeover claim writes is the app's (db_roles grants the new column)
+        conn.execute("UPDATE tasks_task SET takeover_head = takeover_head WHERE id = %s", [task.id])
+    refused(conn, "UPDATE audit_leasetakeover SET hash = prev_hash WHERE id = %s", [takeover.id])
+    refused(conn, "DELETE FROM audit_leasetakeover WHERE id = %s", [takeover.id])
