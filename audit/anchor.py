@@ -6,7 +6,8 @@ simply deletes a task with its events, or truncates the log) is not stopped by
 anything inside the database. An anchor is what such an owner cannot reach: a
 file, written periodically (``manage.py audit_anchor``; beat polls
 ``anchor_if_due`` every minute) to ``AUDIT_ANCHOR_DIR``, listing for every
-task its tenant, version and chain head, every tombstone, and per tenant the
+task its tenant, version and chain head (and, once it was taken over, its
+lease-takeover head: ``takeover_head``), every tombstone, and per tenant the
 count of tasks and events. ``verify_audit --against <anchor>`` then finds a
 task whose anchored event no longer has the anchored hash (an edit, even with
 the chain recomputed under the real key), a task gone without a tombstone, and
@@ -73,7 +74,7 @@ from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from audit.keys import anchor_public_keys, anchor_signing_key, chain_keys, fingerprint
-from audit.models import AnchorRequest, AnchorRun, Tombstone, TransitionEvent
+from audit.models import AnchorRequest, AnchorRun, LeaseTakeover, Tombstone, TransitionEvent
 from audit.tombstones import tombstone_problem
 from audit.verify import keyed_since, snapshot
 
@@ -112,9 +113,12 @@ class Written:
     tenants: int = 0
 
 
-def _task_chunks(chunk: int) -> Iterator[list[tuple[Any, int, int, str]]]:
-    """Every task's (id, tenant id, version, head), ``chunk`` rows per query, in id order (keyset)."""
-    rows = Task._default_manager.order_by("id").values_list("id", "tenant_id", "state_version", "audit_head")
+def _task_chunks(chunk: int) -> Iterator[list[tuple[Any, int, int, str, str]]]:
+    """Every task's (id, tenant id, version, head, takeover head), ``chunk`` rows per query, in id order
+    (keyset)."""
+    rows = Task._default_manager.order_by("id").values_list(
+        "id", "tenant_id", "state_version", "audit_head", "takeover_head"
+    )
     after = None
     while True:
         page = list((rows.filter(id__gt=after) if after is not None else rows)[:chunk])
@@ -207,8 +211,11 @@ def write_anchor(directory: Path | None = None, *, chunk: int = CHUNK) -> Writte
             )
             with snapshot():
                 for page in _task_chunks(chunk):
-                    for task_id, tenant_id, version, head in page:
-                        emit({"task": str(task_id), "tenant": tenant_id, "version": version, "head": head})
+                    for task_id, tenant_id, version, head, takeover_head in page:
+                        record = {"task": str(task_id), "tenant": tenant_id, "version": version, "head": head}
+                        if takeover_head:  # only for a task taken over: older anchors read the same
+                            record["takeover_head"] = takeover_head
+                        emit(record)
                     written.tasks += len(page)
                 for stones in _tombstone_chunks(chunk):
                     for stone in stones:
@@ -409,6 +416,18 @@ def _events_at(batch: list[dict[str, Any]]) -> dict[tuple[str, int], str]:
     return {(str(task_id), version): link for task_id, version, link in rows}
 
 
+def _takeovers_at(batch: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """Of the anchored takeover heads in ``batch``, the (task id, hash) pairs whose takeover still exists."""
+    taken = [record for record in batch if record.get("takeover_head")]
+    if not taken:
+        return set()
+    rows = LeaseTakeover.objects.filter(  # by task first: the (task, taken_at) index
+        task_id__in=[record["task"] for record in taken],
+        hash__in=[record["takeover_head"] for record in taken],
+    ).values_list("task_id", "hash")
+    return {(str(task_id), link) for task_id, link in rows}
+
+
 def _check_tasks(batch: list[dict[str, Any]], keys: Keys) -> Iterator[str]:
     ids = [record["task"] for record in batch]
     found = {
@@ -416,6 +435,7 @@ def _check_tasks(batch: list[dict[str, Any]], keys: Keys) -> Iterator[str]:
         for row in Task._default_manager.filter(id__in=ids).values("id", "tenant_id", "state_version")
     }
     anchored_events = _events_at(batch)
+    anchored_takeovers = _takeovers_at(batch)
     missing = [record["task"] for record in batch if record["task"] not in found]
     stones = {str(stone.task_id): stone for stone in Tombstone.objects.filter(task_id__in=missing)}
     for record in batch:
@@ -436,6 +456,8 @@ def _check_tasks(batch: list[dict[str, Any]], keys: Keys) -> Iterator[str]:
             yield f"{at}: the anchored event is missing"
         elif link != record["head"]:
             yield f"{at}: event hash differs from the anchored head (history rewritten since the anchor)"
+        if record.get("takeover_head") and (task_id, record["takeover_head"]) not in anchored_takeovers:
+            yield f"{at}: the anchored lease takeover is missing (takeover history deleted or rewritten)"
 
 
 def _check_tombstones(batch: list[dict[str, Any]]) -> Iterator[str]:

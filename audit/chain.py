@@ -78,9 +78,13 @@ def event_hash(prev_hash: str, fields: Mapping[str, Any]) -> str:
     return canonical.digest_text(_message(prev_hash, fields))
 
 
+def _hmac(message: str, secret: bytes) -> str:
+    return hmac.new(secret, message.encode(), hashlib.sha256).hexdigest()
+
+
 def keyed_hash(prev_hash: str, fields: Mapping[str, Any], secret: bytes) -> str:
     """The keyed link: HMAC-SHA256 under ``secret`` of ``prev_hash`` and the canonical fields (hex)."""
-    return hmac.new(secret, _message(prev_hash, fields).encode(), hashlib.sha256).hexdigest()
+    return _hmac(_message(prev_hash, fields), secret)
 
 
 def link_hash(prev_hash: str, fields: Mapping[str, Any], *, key_id: str, keys: Mapping[str, bytes]) -> str:
@@ -204,4 +208,75 @@ def verify_events(
         return BrokenLink(task_id, None, f"log ends at v{expected_version - 1}, task is at v{state_version}")
     if prev != head:
         return BrokenLink(task_id, None, "task's chain head does not match the newest event")
+    return None
+
+
+# --- Lease takeovers: a second chain per task ------------------------------------------------------
+#
+# A takeover is not a transition (it moves no version: the old holder must still see ``LeaseLost``,
+# open cancel requests stay current), so it is not an event of the chain above. Each task's takeovers
+# form their own keyed chain, same key, same canonical JSON, head on the task row (``takeover_head``).
+# ``record`` names the kind of row in what is hashed, so no takeover link can pass as an event's.
+
+TAKEOVER_RECORD = "lease_takeover"
+TAKEOVER_FIELDS = (
+    "task_id",
+    "worker_id",
+    "token",
+    "previous_worker_id",
+    "stale_token",
+    "previous_heartbeat_at",
+    "previous_expires_at",
+    "taken_at",
+)
+
+
+def takeover_hash(prev_hash: str, takeover: Any, secret: bytes) -> str:
+    """The keyed link of a takeover row: HMAC-SHA256 of ``prev_hash`` and its canonical fields."""
+    covered = {name: getattr(takeover, name) for name in TAKEOVER_FIELDS} | {"record": TAKEOVER_RECORD}
+    return _hmac(prev_hash + canonical.dumps(covered, version=canonical.V1), secret)
+
+
+def verify_takeovers(
+    task_id: UUID,
+    takeovers: Iterable[Any],
+    *,
+    head: str,
+    keys: Mapping[str, bytes],
+    keyed_since: datetime | None,
+) -> BrokenLink | None:
+    """First problem of a task's takeover chain (rows in the order written), or None.
+
+    Keyed rows link from ``GENESIS`` by ``prev_hash`` and carry the keyed link of their fields under a
+    key of ``keys``; the newest one's hash is ``head`` (the task row's ``takeover_head``; "" while the
+    task had none), so a deleted newest row, or all of them, is caught. Unkeyed rows (``key_id == ""``)
+    are the takeovers written before they were chained: accepted only from before ``keyed_since`` (audit
+    migration 0011) for a task created before it, and never after a keyed one.
+    """
+    prev, seen_keyed = GENESIS, False
+    for number, row in enumerate(takeovers, start=1):
+        at = f"takeover #{number} (token {row.stale_token} -> {row.token})"
+        if row.key_id == LEGACY:
+            created = created_at_of(task_id)
+            if seen_keyed:
+                return BrokenLink(task_id, None, f"{at}: unchained (legacy) after a chained takeover")
+            if keyed_since is not None and (
+                row.taken_at >= keyed_since or (created is not None and created >= keyed_since)
+            ):
+                return BrokenLink(task_id, None, f"{at}: unchained, but written after takeovers were chained")
+            continue
+        if row.key_id not in keys:
+            return BrokenLink(
+                task_id, None, f"{at}: keyed with key id {row.key_id!r}, not in AUDIT_HMAC_KEYS"
+            )
+        if row.prev_hash != prev:
+            return BrokenLink(task_id, None, f"{at}: prev_hash does not match the previous takeover")
+        expected = takeover_hash(prev, row, keys[row.key_id])
+        if not hmac.compare_digest(expected.encode(), str(row.hash).encode()):
+            return BrokenLink(
+                task_id, None, f"{at}: contents do not match the stored hash (not the chain key's)"
+            )
+        prev, seen_keyed = row.hash, True
+    if (prev if seen_keyed else "") != head:
+        return BrokenLink(task_id, None, "task's takeover head does not match the newest takeover")
     return None

@@ -5,7 +5,8 @@
 or inserting a row is detectable by ``audit.verify.verify_task`` /
 ``manage.py verify_audit``. It records the digest of the checkpoint written
 with it, which binds that checkpoint to the chain. ``LeaseTakeover``: one row
-each time a worker claims a task whose lease lapsed in another worker's hands.
+each time a worker claims a task whose lease lapsed in another worker's hands,
+chained per task on its own (``audit.chain.verify_takeovers``).
 ``Tombstone``: a task retention deleted, with the head its chain had, so an
 anchor that listed the task still accounts for it (``audit.anchor``).
 ``AnchorRequest`` and ``AnchorRun``: the anchor job's doorbell (a consequential
@@ -82,6 +83,11 @@ class LeaseTakeover(models.Model):
     previous_heartbeat_at = models.DateTimeField()  # the previous holder's last sign of life
     previous_expires_at = models.DateTimeField()
     taken_at = models.DateTimeField()
+    # Chained per task (``audit.chain.verify_takeovers``), head on ``Task.takeover_head``; all ""
+    # on takeovers written before they were chained (audit migration 0011).
+    prev_hash = models.CharField(max_length=64, blank=True, default="")
+    hash = models.CharField(max_length=64, blank=True, default="")
+    key_id = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:
         indexes = [

@@ -20,14 +20,16 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.migrations.recorder import MigrationRecorder
 
-from audit.chain import BrokenLink, created_at_of, verify_events
+from audit.chain import BrokenLink, created_at_of, verify_events, verify_takeovers
 from audit.keys import anchor_public_keys, chain_keys
-from audit.models import Tombstone, TransitionEvent
+from audit.models import LeaseTakeover, Tombstone, TransitionEvent
 from audit.tombstones import seal_problem, signature_problem
 
 # The migration that gave events a key id: every event written since is keyed (audit.chain).
 KEYED_MIGRATION = ("audit", "0008_event_key_id_tombstone")
 # The migration that signed tombstones (audit.tombstones).
+# The migration that chained lease takeovers: every takeover written since is keyed (audit.chain).
+TAKEOVERS_CHAINED_MIGRATION = ("audit", "0011_lease_takeover_chain")
 SIGNED_TOMBSTONES_MIGRATION = ("audit", "0010_anchor_doorbell_signed_tombstones")
 UNKNOWN = object()  # keyed_since not read yet
 
@@ -51,7 +53,8 @@ def keyed_since() -> datetime | None:
 def verify_task(task: Any, *, path: PathCheck | None = None, keyed: Any = UNKNOWN) -> BrokenLink | None:
     """First broken link in the chain of ``task`` (anything with an ``id``), or None.
 
-    Reads the task's head and version afresh together with its events, in one
+    Reads the task's head and version afresh together with its events and its
+    lease takeovers (checked against ``takeover_head``: ``audit.chain.verify_takeovers``), in one
     snapshot, so the answer describes one moment of a live system. A break is
     read again once, in a new snapshot, before it is reported: an auditor can
     trust a red result. ``path``: also check what the linked events say (the
@@ -69,13 +72,19 @@ def _verify_once(task_id: Any, path: PathCheck | None, since: datetime | None) -
     with snapshot():
         row = (
             task_model._default_manager.filter(pk=task_id)
-            .values("audit_head", "state_version", "state")
+            .values("audit_head", "state_version", "state", "takeover_head")
             .first()
         )
         if row is None:
             return None  # gone with its history (retention): nothing left to disagree
         events = list(TransitionEvent.objects.filter(task_id=task_id).order_by("state_version"))
-    link = verify_events(
+        # Written in id order under the task's row lock; a reordering breaks the prev_hash links anyway.
+        takeovers = list(LeaseTakeover.objects.filter(task_id=task_id).order_by("id"))
+    # When takeovers were chained: read only for a task with an unchained (legacy) takeover, which is rare.
+    chained = in_force_since(TAKEOVERS_CHAINED_MIGRATION) if any(not t.key_id for t in takeovers) else None
+    link = verify_takeovers(
+        task_id, takeovers, head=row["takeover_head"], keys=chain_keys(), keyed_since=chained
+    ) or verify_events(
         task_id,
         events,
         head=row["audit_head"],

@@ -356,8 +356,9 @@ def _checkpoint_context(task: Task, query: Any) -> dict[str, Any]:
 # --- the timeline ------------------------------------------------------------------------------------
 
 
-def _timeline(task: Task, query: Any) -> dict[str, Any]:
-    """One keyset page of events, newest first unless ``?order=oldest``; ``?after=<version>`` pages on.
+def _timeline(task: Task, query: Any, *, taken_over: bool) -> dict[str, Any]:
+    """One keyset page of events, newest first unless ``?order=oldest``; ``?after=<version>`` pages on,
+    with the lease takeovers taken between them when the task was ever ``taken_over``.
 
     Routine ``step`` events (a worker finished a step and stays ready) are
     grouped, runs of them folded into one ``<details>``.
@@ -372,18 +373,49 @@ def _timeline(task: Task, query: Any) -> dict[str, Any]:
     rows = list(events.order_by("state_version" if oldest_first else "-state_version")[: TIMELINE_PAGE + 1])
     page, more = rows[:TIMELINE_PAGE], len(rows) > TIMELINE_PAGE
     items: list[dict[str, Any]] = []
-    for event in page:
-        routine = event.trigger == Trigger.STEP and event.from_state == event.to_state
+    for entry in _with_takeovers(task, page, oldest_first) if taken_over else page:
+        if isinstance(entry, LeaseTakeover):
+            items.append({"routine": False, "takeover": entry, "events": []})
+            continue
+        routine = entry.trigger == Trigger.STEP and entry.from_state == entry.to_state
         if routine and items and items[-1]["routine"]:
-            items[-1]["events"].append(event)
+            items[-1]["events"].append(entry)
         else:
-            items.append({"routine": routine, "events": [event]})
+            items.append({"routine": routine, "events": [entry]})
     return {
         "timeline": items,
         "timeline_order": "oldest" if oldest_first else "newest",
         "timeline_next": page[-1].state_version if more else None,
         "timeline_first_page": after is None,
     }
+
+
+def _with_takeovers(
+    task: Task, page: list[TransitionEvent], oldest_first: bool
+) -> list[TransitionEvent | LeaseTakeover]:
+    """The page's events with the lease takeovers taken between them, in the page's order.
+
+    A takeover belongs after the newest event written before it, so a page holds the takeovers from
+    its oldest event to the event after its newest (read when the page does not end at the task's
+    version: one indexed row). Bounded: at most one page of takeovers.
+    """
+    if not page:
+        return []
+    low, high = min(page, key=lambda e: e.state_version), max(page, key=lambda e: e.state_version)
+    takeovers = LeaseTakeover.objects.filter(task=task, taken_at__gte=low.created_at)
+    if high.state_version < task.state_version:
+        after = TransitionEvent.objects.filter(task=task, state_version=high.state_version + 1)
+        if (until := after.values_list("created_at", flat=True).first()) is not None:
+            takeovers = takeovers.filter(taken_at__lt=until)
+    taken = list(takeovers.order_by("taken_at", "id")[:TIMELINE_PAGE])
+    merged: list[TransitionEvent | LeaseTakeover] = sorted(
+        [*page, *taken],
+        key=lambda entry: (
+            entry.taken_at if isinstance(entry, LeaseTakeover) else entry.created_at,
+            isinstance(entry, LeaseTakeover),  # at the same moment, the event first
+        ),
+    )
+    return merged if oldest_first else merged[::-1]
 
 
 # --- controls ----------------------------------------------------------------------------------------
@@ -573,6 +605,8 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         rerun_form = RerunForm(initial=initial)
     children = Task.objects.filter(parent=task).order_by("id").values("id", "state", "task_type")
     offers = compensation.offers(task)  # a canceled task's effects left done, each with its run if started
+    # Read here, not in the dict: the timeline asks for takeovers only when the task had any.
+    takeovers = list(LeaseTakeover.objects.filter(task=task).order_by("-taken_at")[:TAKEOVERS_SHOWN])
     return {
         "why": _why(
             task,
@@ -615,10 +649,10 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         "actions": list(Action.objects.filter(task=task).order_by("id")[:ACTIONS_SHOWN]),
         "actions_cap": ACTIONS_SHOWN,
         "approvals": ApprovalRequest.objects.filter(task=task).order_by("-created_at")[:APPROVALS_SHOWN],
-        "takeovers": LeaseTakeover.objects.filter(task=task).order_by("-taken_at")[:TAKEOVERS_SHOWN],
+        "takeovers": takeovers,
         "trace_links": _trace_links(task, latest),
         **checkpoint_context,
-        **_timeline(task, request.GET),
+        **_timeline(task, request.GET, taken_over=bool(takeovers)),
     }
 
 

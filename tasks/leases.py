@@ -31,11 +31,13 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from django.db import connection, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 from opentelemetry import trace
 
+from audit.chain import GENESIS, takeover_hash
+from audit.keys import current_chain_key
 from audit.models import LeaseTakeover
 from tasks import checkpoints, liveness, metrics
 from tasks.models import Lease, Task
@@ -94,7 +96,8 @@ def _take(epochs: dict[UUID, int], worker_id: str, now: datetime, ttl: timedelta
     next token together. Taking a lease that lapsed in another worker's hands
     (it stopped heartbeating, or its process is gone; it did not release)
     writes a ``LeaseTakeover`` record in the same transaction: who took it,
-    from whom, and the token that went stale. Every lease row is created and
+    from whom, and the token that went stale, chained on the task's takeover
+    chain (``_chain``). Every lease row is created and
     moved under its task row's lock, so no other claimer races these writes.
     """
     expires = now + ttl
@@ -137,7 +140,7 @@ def _take(epochs: dict[UUID, int], worker_id: str, now: datetime, ttl: timedelta
     ]
     if takeovers:
         with tracer.start_as_current_span("lease.takeover") as span:
-            LeaseTakeover.objects.bulk_create(takeovers)
+            _chain(takeovers)
             if span.is_recording():
                 span.set_attributes(
                     {
@@ -148,6 +151,30 @@ def _take(epochs: dict[UUID, int], worker_id: str, now: datetime, ttl: timedelta
                     }
                 )
     return held
+
+
+def _chain(takeovers: list[LeaseTakeover]) -> None:
+    """Write ``takeovers`` (one per task, rows locked by this claim) as links of their tasks' takeover
+    chains, and move each task's ``takeover_head`` onto its new link.
+
+    Why the head lives on the task row rather than only on the newest takeover: deleting the newest
+    takeover must show without an anchor, and only something the deleter cannot also roll back to a
+    consistent state shows it; the task row's head is read in the same snapshot as the chain
+    (``audit.verify``). The head moves under the claim's row lock (``FOR UPDATE`` on the task), so two
+    claims never link to the same head: the chain cannot fork. Only a takeover pays: reading the
+    heads and moving them are two statements (plus the insert), an ordinary claim none.
+    """
+    heads = dict(
+        Task.objects.filter(id__in=[t.task_id for t in takeovers]).values_list("id", "takeover_head")
+    )
+    key = current_chain_key()
+    for takeover in takeovers:
+        takeover.prev_hash = heads[takeover.task_id] or GENESIS
+        takeover.key_id, takeover.hash = key.id, takeover_hash(takeover.prev_hash, takeover, key.secret)
+    LeaseTakeover.objects.bulk_create(takeovers)
+    Task.objects.filter(id__in=[t.task_id for t in takeovers]).update(
+        takeover_head=Case(*(When(id=t.task_id, then=Value(t.hash)) for t in takeovers))
+    )
 
 
 def _claimed(span: trace.Span, worker_id: str, region: str, held: list[Held]) -> None:

@@ -77,6 +77,9 @@ class Task(models.Model):
     # Hash of the newest audit event: the head of this task's hash chain. It moves
     # under the same compare-and-set as state_version, so the chain cannot fork.
     audit_head = models.CharField(max_length=64, blank=True, default="")
+    # Hash of the newest chained lease takeover ("" while none): the head of the task's takeover
+    # chain (audit.chain.verify_takeovers). Moved only by a claim, under the task row's lock.
+    takeover_head = models.CharField(max_length=64, blank=True, default="")
 
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()

@@ -13,11 +13,15 @@ import socket
 from datetime import UTC, datetime
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.test import Client
 
+from audit.chain import GENESIS
+from audit.keys import current_chain_key
 from audit.models import LeaseTakeover
 from tasks import liveness
-from tasks.models import Lease
+from tasks.models import Lease, Task
+from tests.audit.owner import triggers_off
 from tests.conftest import api_client_for, make_task
 from tests.workflow import sessions_named, wait_for
 
@@ -66,3 +70,33 @@ def test_a_lease_taken_over_from_a_killed_worker_is_recorded_and_shown(acme, ope
     console.force_login(operator)
     page = console.get(f"/console/tasks/{task.id}/").content.decode()
     assert f"{alive} took over from {dead}" in page and "#1 → #2" in page
+    timeline = page[page.index('id="timeline"') :]
+    assert f"Lease taken over: {alive} took over from {dead} (lease #1 → #2" in timeline
+
+
+def test_a_takeover_after_sigkill_is_on_the_tasks_chain_and_verify_audit_fails_without_it(
+    acme, workers, capsys
+):
+    task = make_task(
+        acme,
+        task_type="pay_invoice",
+        objective="Pay INV-10",
+        input={"invoice_id": "INV-10", "amount": "25.00", "currency": "EUR"},
+    )
+    first = workers(pause_after="step:pay", lease_ttl=30.0)
+    first.wait_paused()
+    workers(lease_ttl=30.0)  # polling before the kill, as above
+    wait_for(lambda: sessions_named(liveness.APPLICATION_NAME) == 2, what="the second worker to start")
+    first.kill()
+    wait_for(lambda: LeaseTakeover.objects.filter(task=task).exists(), what="the second worker's claim")
+
+    [takeover] = LeaseTakeover.objects.filter(task=task)
+    assert (takeover.prev_hash, takeover.key_id) == (GENESIS, current_chain_key().id)
+    assert Task.objects.get(pk=task.pk).takeover_head == takeover.hash
+    call_command("verify_audit", "--task", str(task.id))  # clean: raises on any break
+
+    with triggers_off("audit_leasetakeover") as cursor:
+        cursor.execute("DELETE FROM audit_leasetakeover WHERE id = %s", [takeover.id])
+    with pytest.raises(CommandError):
+        call_command("verify_audit", "--task", str(task.id))
+    assert "task's takeover head does not match the newest takeover" in capsys.readouterr().err

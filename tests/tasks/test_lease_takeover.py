@@ -10,13 +10,16 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connection, transaction
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from audit.models import LeaseTakeover
 from tasks import leases
 from tasks.models import Lease, Task
-from tests.conftest import api_client_for, make_task
+from tasks.states import State
+from tasks.transitions import Actor, advance
+from tests.conftest import api_client_for, make_task, progress
 
 pytestmark = pytest.mark.django_db
 
@@ -112,3 +115,31 @@ def test_the_task_detail_and_page_show_takeovers_newest_first(acme, operator):
     console.force_login(operator)
     page = console.get(f"/console/tasks/{task.id}/").content.decode()
     assert page.index("w3 took over from w2") < page.index("w2 took over from w1")
+
+
+def test_the_console_timeline_shows_a_takeover_between_the_events_it_came_between(acme, operator):
+    task = make_task(acme)
+    claim(task, "w1", SHORT_TTL)
+    lapse()
+    assert claim(task, "w2") is not None
+    task = advance(task.id, 1, State.READY, actor=Actor.worker("w2"), progress=progress("s1"))
+
+    console = Client()
+    console.force_login(operator)
+    page = console.get(f"/console/tasks/{task.id}/").content.decode()
+    timeline = page[page.index('id="timeline"') :]
+    shown = "Lease taken over: w2 took over from w1 (lease #1 → #2"
+    assert shown in timeline
+    # Newest first: the step (v2) above the takeover, the takeover above the creation (v1).
+    assert timeline.index('value="2"') < timeline.index(shown) < timeline.index('value="1"')
+
+
+def test_an_ordinary_claim_never_touches_the_takeover_chain(acme):
+    task, handed_on = make_task(acme), make_task(acme)
+    leases.release(claim(handed_on, "w1"))
+    with CaptureQueriesContext(connection) as fresh:
+        assert claim(task, "w1") is not None
+    with CaptureQueriesContext(connection) as handed:
+        assert claim(handed_on, "w2") is not None
+    for sql in [q["sql"] for q in (*fresh.captured_queries, *handed.captured_queries)]:
+        assert "takeover" not in sql  # neither the head nor the takeover table: only a takeover pays

@@ -1,15 +1,15 @@
 """manage.py verify_audit [--task ID]... [--against ANCHOR] : check the audit hash chains.
 
-Without ``--against``: every task's chain (or only ``--task``'s), with the
-keys in ``AUDIT_HMAC_KEYS``: its links (no unkeyed event since the chain was
-keyed), and that it is a valid path through the transition table
-(``tasks.audit_paths``: every move an edge its actor may take, the states
-linked, nothing after a terminal state but what the table allows, no decision
-without a request). And, without ``--task``, every tombstone: its seal, and its
-anchor-key signature (``audit.verify.tombstone_problems``), so a task a
-chain-key holder deleted between two anchors is reported too. Prints the first
-problem of each damaged task and exits 1 if any; prints a one-line summary and
-exits 0 when every chain verifies.
+Without ``--against``: every task's chain (or only ``--task``'s), with the keys in
+``AUDIT_HMAC_KEYS``: its links (no unkeyed event since the chain was keyed), and that it
+is a valid path through the transition table (``tasks.audit_paths``: every move an edge
+its actor may take, the states linked, nothing after a terminal state but what the table
+allows, no decision without a request), and its lease takeovers as a chain of their own
+against the task's ``takeover_head`` (``audit.chain.verify_takeovers``). And, without
+``--task``, every tombstone: its seal, and its anchor-key signature
+(``audit.verify.tombstone_problems``), so a task a chain-key holder deleted between two
+anchors is reported too. Prints the first problem of each damaged task and exits 1 if
+any; prints a one-line summary and exits 0 when every chain verifies.
 
 ``--against <anchor file or directory>`` (a directory means its newest
 anchor) also checks the database against an anchor written by
@@ -17,7 +17,8 @@ anchor) also checks the database against an anchor written by
 that every anchored task still exists or has a tombstone signed with an anchor
 key (one made with the chain key alone does not count), that its event
 at the anchored version still has the anchored hash (a chain recomputed after an
-edit, even under the real key, no longer does), and that no tenant has fewer
+edit, even under the real key, no longer does), that its anchored lease takeover
+still exists, and that no tenant has fewer
 tasks or events than anchored (deleted tasks, a truncated log). Each problem is
 one line on stderr, then exit 1; otherwise one OK line.
 
