@@ -22,6 +22,8 @@ from audit.anchor import write_anchor
 from audit.models import AnchorRequest
 from demo.sandbox.models import Effect
 from ledger.models import Action, OrphanEffect, OrphanStatus, RestoreRecord
+from runtime import alerts
+from runtime.models import Alert, AlertKind
 from tasks.models import Task
 from tasks.states import State
 from tests.conftest import api_client_for
@@ -185,3 +187,19 @@ def test_a_payment_system_that_does_not_answer_fails_the_run(acme, settings):
     settings.SANDBOX_BASE_URL = "http://127.0.0.1:9/sandbox"
     with pytest.raises(CommandError, match="not searched in full"):
         recover(since=timezone.now())
+
+
+def test_open_orphans_raise_one_alert_for_their_tenant_until_they_are_settled(restored, operator, acme):
+    since, _ = restored
+    recover(since=since, apply=True)
+    alerts.scan()
+    alerts.scan()  # raised once
+    [alert] = Alert.objects.filter(kind=AlertKind.ORPHAN_EFFECTS_OPEN, cleared_at__isnull=True)
+    assert (alert.tenant_id, alert.task_id) == (acme.pk, None) and alert.cause.startswith("2 effect(s)")
+    paid(operator, "INV-2")
+    alerts.scan()
+    assert Alert.objects.filter(kind=AlertKind.ORPHAN_EFFECTS_OPEN, cleared_at__isnull=True).count() == 1
+    paid(operator, "INV-3")  # the last open orphan settled
+    alerts.scan()
+    alert.refresh_from_db()
+    assert alert.cleared_at is not None
