@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from audit.anchor import write_anchor
 from audit.models import AnchorRequest
+from config import metrics as metrics_config
 from demo.sandbox.models import Effect
 from ledger.models import Action, OrphanEffect, OrphanStatus, RestoreRecord
 from runtime import alerts
@@ -29,6 +30,7 @@ from tasks.states import State
 from tests.conftest import api_client_for
 from tests.ledger import restore
 from tests.ledger.restore import forget
+from tests.observability.test_metrics import scrape, value
 from tests.runtime.payments import run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -203,3 +205,13 @@ def test_open_orphans_raise_one_alert_for_their_tenant_until_they_are_settled(re
     alerts.scan()
     alert.refresh_from_db()
     assert alert.cleared_at is not None
+
+
+def test_the_open_orphan_alert_shows_on_metrics(restored, client, settings):
+    settings.METRICS_CACHE_SECONDS, settings.METRICS_TOKEN = 0, ""
+    settings.METRICS_ALLOW_IPS = ["127.0.0.1/32"]
+    assert metrics_config.configure()
+    since, _ = restored
+    recover(since=since, apply=True)
+    alerts.scan()
+    assert value(scrape(client), "durable_alerts_open", kind=AlertKind.ORPHAN_EFFECTS_OPEN.value) == 1
