@@ -215,3 +215,19 @@ def test_the_open_orphan_alert_shows_on_metrics(restored, client, settings):
     recover(since=since, apply=True)
     alerts.scan()
     assert value(scrape(client), "durable_alerts_open", kind=AlertKind.ORPHAN_EFFECTS_OPEN.value) == 1
+
+
+def test_every_lost_create_resubmitted_completes_on_its_orphan_and_nothing_is_paid_twice(restored, operator):
+    since, lost = restored
+    recover(since=since, apply=True)
+    again = [paid(operator, "INV-2"), paid(operator, "INV-3")]
+    payments = Effect.objects.filter(system="payments")
+    assert payments.count() == 3  # INV-1, INV-2, INV-3: once each
+    assert {e.idempotency_key: e.deliveries for e in payments if e.idempotency_key in lost} == dict.fromkeys(
+        lost, 2
+    )
+    settled = OrphanEffect.objects.filter(status=OrphanStatus.SETTLED)
+    assert {o.idempotency_key for o in settled} == lost and {o.settled_task for o in settled} == {
+        t.id for t in again
+    }
+    assert "no orphan effects" in recover(since=since)  # explained now
