@@ -7,6 +7,7 @@ from console import (
     bulk,
     dashboard,
     legal_hold,
+    orphans,
     preferences,
     quarantine,
     saved_views,
@@ -48,4 +49,5 @@ urlpatterns = [
     path("alerts/", alerts.alert_list, name="alerts"),
     path("alerts/<int:alert_id>/acknowledge/", alerts.alert_acknowledge, name="alert-acknowledge"),
     path("alerts/<int:alert_id>/snooze/", alerts.alert_snooze, name="alert-snooze"),
+    path("orphans/", orphans.orphan_list, name="orphans"),
 ]

@@ -168,3 +168,65 @@ class MoneyMovement(models.Model):
 
     def __str__(self) -> str:
         return f"{self.amount} {self.currency} for {self.reference or 'no reference'} ({self.action_id})"
+
+
+class OrphanStatus(models.TextChoices):
+    OPEN = "open"  # an effect a system holds that no ledger row explains: an operator looks at it
+    SETTLED = "settled"  # a task (re-created with the client's key) now has an action with its key
+
+
+class OrphanEffect(models.Model):
+    """An effect an authoritative system holds that no ``Action`` explains (``manage.py recover``).
+
+    Found after a restore or a lossy failover: the system kept an effect whose intent our database
+    lost. What the system said is kept as found (``frozen`` on PostgreSQL, never deleted); only the
+    settlement moves: a task re-created with the client's idempotency key gets the same key
+    (``ledger.keys``), and the step it records settles the orphan (``ledger.orphans.settle``).
+    """
+
+    connector = models.CharField(max_length=64)
+    idempotency_key = models.CharField(max_length=200)
+    # The tenant an INTENT key names (``ledger.keys.tenant_of``); None for a key of another scheme
+    # or naming no tenant we have.
+    tenant = models.ForeignKey(
+        "tenancy.Tenant", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    found_at = models.DateTimeField()
+    # The system's record of it: when it recorded it, its status and record id.
+    system_created_at = models.DateTimeField()
+    system_status = models.CharField(max_length=16)
+    record_id = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=OrphanStatus.choices, default=OrphanStatus.OPEN)
+    settled_task = models.UUIDField(null=True, blank=True)  # the task whose action now explains it
+    settled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["connector", "idempotency_key"], name="orphan_effect_unique")
+        ]
+        indexes = [models.Index(fields=["tenant", "-found_at"], name="orphan_by_tenant")]
+
+    def __str__(self) -> str:
+        return f"orphan {self.connector} {self.idempotency_key} [{self.status}]"
+
+
+class RestoreRecord(models.Model):
+    """The audited record of one ``recover --apply``, per tenant: the database was restored (or failed
+    over with commits lost), this window was searched, these orphans were found. Append-only.
+
+    Tells a documented restore from tampering: an anchor written before the restore lists tasks the
+    database no longer has; this row, written with a fresh anchor after, says why.
+    ``tenant`` is None for the orphans whose keys name no tenant.
+    """
+
+    tenant = models.ForeignKey(
+        "tenancy.Tenant", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    at = models.DateTimeField()
+    since = models.DateTimeField()  # the start of the window at risk
+    orphans = models.PositiveIntegerField()  # orphans of this tenant the run found in the window
+    recorded = models.PositiveIntegerField()  # of which newly recorded (the rest were known)
+    detail = models.CharField(max_length=500, blank=True, default="")  # connectors that could not list
+
+    def __str__(self) -> str:
+        return f"restore {self.at:%Y-%m-%d %H:%M:%S} tenant {self.tenant_id}: {self.orphans} orphan(s)"

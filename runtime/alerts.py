@@ -38,6 +38,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import (
+    Count,
     DateTimeField,
     Exists,
     Expression,
@@ -54,6 +55,7 @@ from django.utils import timezone
 
 from audit.models import TransitionEvent
 from ledger import integrity
+from ledger.models import OrphanEffect, OrphanStatus
 from runtime.models import Alert, AlertKind, AlertNote
 from tasks import selectors
 from tasks.models import Task
@@ -212,6 +214,8 @@ def scan(*, now: datetime | None = None) -> ScanReport:
         rule = classify(now)
         report.cleared[kind] = _clear(kind, rule, now)
         report.raised[kind] = _raise(kind, rule, now)
+    kind = AlertKind.ORPHAN_EFFECTS_OPEN
+    report.cleared[kind], report.raised[kind] = _scan_orphans(now)
     if any(report.raised.values()) or any(report.cleared.values()):
         log.info("alerts", extra=report.as_dict())
     return report
@@ -239,6 +243,34 @@ def raise_for(kind: AlertKind, task_id: UUID | str, *, now: datetime | None = No
     now = now or timezone.now()
     rule = CLASSIFIERS[kind](now)
     return _raise(kind, Rule(rule.condition & Q(pk=task_id), rule.cause), now)
+
+
+def _scan_orphans(now: datetime) -> tuple[int, int]:
+    """A tenant's alert while it has open orphan effects (``ledger.OrphanEffect``): cleared when none
+    is left open, raised once per tenant with some (``alert_one_open_per_tenant_kind``); (cleared, raised).
+    """
+    kind = AlertKind.ORPHAN_EFFECTS_OPEN
+    open_counts = dict(
+        OrphanEffect.objects.filter(status=OrphanStatus.OPEN, tenant__isnull=False)
+        .values_list("tenant_id")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    alerts = Alert.objects.filter(kind=kind, task__isnull=True, cleared_at__isnull=True)
+    cleared = alerts.exclude(tenant_id__in=list(open_counts)).update(cleared_at=now)
+    raised = set(alerts.values_list("tenant_id", flat=True))
+    new = [
+        Alert(
+            tenant_id=tenant_id,
+            kind=kind,
+            raised_at=now,
+            cause=f"{n} effect(s) an external system holds that no ledger row explains, found after a"
+            " restore by manage.py recover: see /console/orphans/",
+        )
+        for tenant_id, n in open_counts.items()
+        if tenant_id not in raised
+    ]
+    return cleared, len(Alert.objects.bulk_create(new, ignore_conflicts=True)) if new else 0
 
 
 # Every column an alert is raised with; the others keep their NULL (or are filled below).

@@ -23,7 +23,7 @@ from approvals import authority
 from approvals import services as approvals
 from approvals.models import ApprovalStatus
 from audit.models import TransitionEvent
-from ledger import integrity, money
+from ledger import integrity, money, orphans
 from ledger.models import IN_DOUBT, SENDABLE, SETTLED_FAILED, SETTLED_OK, Action, DispatchState
 from ledger.services import action_move
 from runtime import alerts, db, dispatch, evidence, llm, reconcile, validation
@@ -439,6 +439,11 @@ def _dispatch(
                 f" recorded first (external ref {action.external_ref or 'none'}): performed once, not again"
             ),
             reason_code=EFFECT_DEDUPLICATED,
+            # An orphan `recover` found under this key is explained now: settled in this step's commit.
+            also=(
+                *settled.also,
+                functools.partial(orphans.settle, action.connector, action.idempotency_key, task.id),
+            ),
         )
     if action.dispatch_state in SETTLED_FAILED:
         if step.on_rejected:

@@ -102,6 +102,8 @@ class AlertKind(models.TextChoices):
     QUARANTINE_OVERDUE = "quarantine_overdue", "quarantined too long"
     CANCEL_UNCONFIRMED = "cancel_unconfirmed", "cancel not confirmed"
     EFFECT_DIGEST_MISMATCH = "effect_digest_mismatch", "effect not as intended, held unsent"
+    # Of a tenant, not a task: effects a system holds that no ledger row explains (``manage.py recover``).
+    ORPHAN_EFFECTS_OPEN = "orphan_effects_open", "effects found after a restore, unexplained"
 
 
 class Alert(models.Model):
@@ -139,6 +141,12 @@ class Alert(models.Model):
             # "no open alert yet" anti-join and the clearing probe read it.
             models.UniqueConstraint(
                 fields=["task", "kind"], condition=Q(cleared_at__isnull=True), name="alert_one_open_per_kind"
+            ),
+            # A tenant's alert (no task): one open per kind too (two scans racing insert once).
+            models.UniqueConstraint(
+                fields=["tenant", "kind"],
+                condition=Q(task__isnull=True, cleared_at__isnull=True),
+                name="alert_one_open_per_tenant_kind",
             ),
             models.CheckConstraint(condition=Q(kind__in=AlertKind.values), name="alert_kind_known"),
         ]

@@ -3,6 +3,9 @@
 - ``POST {base}/effects/`` + ``Idempotency-Key``: 201 with the new effect,
   200 with the first result when the key was seen before.
 - ``GET {base}/effects/{key}``: 200 with the effect, 404 when absent.
+- ``GET {base}/effects/?since=<iso>[&after=<id>]``: the effects recorded at or
+  after ``since``, oldest first, ``PAGE_SIZE`` a page: ``{"effects": [...],
+  "next": <the last id, to pass as after, or null>}`` (recovery after a restore).
 - ``GET {base}/records/{id}``: a record with its ``version``;
   ``PUT`` replaces its data and bumps the version (tests and the demo use it
   to change facts under a waiting task).
@@ -34,6 +37,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.http import HttpRequest, JsonResponse
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.csrf import csrf_exempt
 
 from demo.sandbox.models import Effect, Fault, Record
@@ -46,6 +50,7 @@ DEFAULT_LATENCY_MS = 500
 MAX_LATENCY_MS = 30_000  # a latency fault above this would just be a stuck thread
 FAULT_KINDS = ("latency", "timeout", "ambiguous", "error", "reject")
 OPERATIONS = ("dispatch", "lookup", "read")
+PAGE_SIZE = 500
 
 
 class BadFault(ValueError):
@@ -205,10 +210,12 @@ def _refused(exc: BadFault) -> JsonResponse:
     return JsonResponse({"detail": str(exc)}, status=400)
 
 
-@sandbox_view("POST")
+@sandbox_view("GET", "POST")
 def effects(request: HttpRequest, system: str) -> JsonResponse:
     if missing := _unknown_system(system):
         return missing
+    if request.method == "GET":
+        return _listing(request, system)
     key = request.headers.get("Idempotency-Key", "").strip()
     if not key or len(key) > 200 or values.text_problem(key):
         return JsonResponse(
@@ -246,6 +253,29 @@ def effects(request: HttpRequest, system: str) -> JsonResponse:
     if kind == "ambiguous":
         return JsonResponse({"detail": "injected: upstream answer lost"}, status=502)
     return JsonResponse(_effect_json(effect), status=201)
+
+
+def _listing(request: HttpRequest, system: str) -> JsonResponse:
+    """The effects recorded at or after ``since``, a page after ``after`` (an effect id)."""
+    try:
+        since = parse_datetime(request.GET.get("since", ""))
+    except ValueError:  # well formed, not a time (a 13th month)
+        since = None
+    if since is None or since.tzinfo is None:
+        return JsonResponse({"detail": "since must be an ISO 8601 time with its offset"}, status=400)
+    after = request.GET.get("after", "0")
+    if not (after.isascii() and after.isdigit()):
+        return JsonResponse({"detail": "after must be an effect id (a whole number)"}, status=400)
+    page = list(
+        Effect.objects.filter(system=system, created_at__gte=since, pk__gt=int(after)).order_by("pk")[
+            : PAGE_SIZE + 1
+        ]
+    )
+    more = len(page) > PAGE_SIZE
+    page = page[:PAGE_SIZE]
+    return JsonResponse(
+        {"effects": [_effect_json(e) for e in page], "next": str(page[-1].pk) if more else None}
+    )
 
 
 @sandbox_view("GET")

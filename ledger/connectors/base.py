@@ -12,11 +12,17 @@ it cannot tell now. Nothing is ever sent again on an unknown outcome before a
 ``None`` when it has no such record, or ``ReadUnavailable`` when it cannot tell
 now. A connector that only sends effects inherits ``Connector.read``, which
 raises ``ReadNotSupported`` naming it.
+
+``list_since`` (optional) serves recovery after a restore: every ``Held`` effect
+the system recorded at or after a time, oldest first, or ``ListUnavailable`` when
+it cannot tell now. A connector that cannot list inherits the default, which
+raises ``ListNotSupported`` (``recover`` skips such connectors and says so).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 
@@ -55,6 +61,24 @@ class ReadNotSupported(Exception):
     """This connector sends effects but cannot read records: evidence needs a connector that can."""
 
 
+@dataclass(frozen=True)
+class Held:
+    """An effect as the system holds it: its key, when it was recorded, its status and record id."""
+
+    key: str
+    created_at: datetime
+    status: str
+    record_id: str
+
+
+class ListUnavailable(Exception):
+    """The system did not answer a listing usefully now."""
+
+
+class ListNotSupported(Exception):
+    """This connector cannot list the effects its system holds."""
+
+
 class Connector(Protocol):
     name: str
 
@@ -72,4 +96,14 @@ class Connector(Protocol):
         """
         raise ReadNotSupported(
             f"connector {self.name!r} ({type(self).__module__}.{type(self).__qualname__}) cannot read records"
+        )
+
+    def list_since(self, since: datetime) -> list[Held]:
+        """Every effect the system recorded at or after ``since``, oldest first.
+
+        Raises ``ListUnavailable`` when the system cannot tell now. This default, for
+        connectors that cannot list, refuses plainly.
+        """
+        raise ListNotSupported(
+            f"connector {self.name!r} ({type(self).__module__}.{type(self).__qualname__}) cannot list effects"
         )

@@ -2,7 +2,9 @@
 
 ``POST {base}/effects/`` with an ``Idempotency-Key`` header; ``GET
 {base}/effects/{key}``; and, for evidence, ``GET {base}/records/{id}`` →
-``{"id", "version", "data"}`` (404: no such record). The base URL is
+``{"id", "version", "data"}`` (404: no such record); optionally, for recovery,
+``GET {base}/effects/?since=<iso>[&after=<id>]`` → ``{"effects": [...], "next":
+<id or null>}``, oldest first, paged. The base URL is
 ``CONNECTOR_<NAME>_URL`` (default: the built-in sandbox), so a real system or a
 test double can stand in. Every request carries the connector's headers and
 bearer token (``config.external.request_headers``); the URL never holds a
@@ -12,6 +14,7 @@ the ledger, the audit log and logs.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -20,7 +23,18 @@ from django.conf import settings
 from audit.redaction import redact
 from config import http
 from config.external import connector_url, path_segment, request_headers
-from ledger.connectors.base import Connector, Outcome, OutcomeUnknown, ReadUnavailable, Record, Rejected
+from ledger.connectors.base import (
+    Connector,
+    Held,
+    ListUnavailable,
+    Outcome,
+    OutcomeUnknown,
+    ReadUnavailable,
+    Record,
+    Rejected,
+)
+
+MAX_PAGES = 1000  # a listing that never ends is a broken system, not a long window
 
 
 class HTTPConnector(Connector):
@@ -107,6 +121,40 @@ class HTTPConnector(Connector):
             return Record(record_id, str(body["version"]), dict(body.get("data") or {}))
         except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ReadUnavailable(redact(f"{self.name} sent an unreadable record: {exc}")) from None
+
+    def list_since(self, since: datetime) -> list[Held]:
+        held: list[Held] = []
+        params: dict[str, str] = {"since": since.isoformat()}
+        for _ in range(MAX_PAGES):
+            try:
+                response = http.client().get(
+                    f"{self.base_url}/effects/",
+                    params=params,
+                    headers=request_headers(self.name),
+                    timeout=self._timeout(),
+                )
+            except httpx.HTTPError as exc:
+                raise ListUnavailable(self._failure(f"{self.name} list", exc)) from None
+            if response.status_code != 200:
+                raise ListUnavailable(f"{self.name} list answered {response.status_code}")
+            try:
+                body = response.json()
+                held.extend(
+                    Held(
+                        key=str(e["idempotency_key"]),
+                        created_at=datetime.fromisoformat(e["created_at"]),
+                        status=str(e["status"]),
+                        record_id=str(e["id"]),
+                    )
+                    for e in body["effects"]
+                )
+                after = body.get("next")
+            except (ValueError, KeyError, TypeError, RecursionError) as exc:
+                raise ListUnavailable(redact(f"{self.name} sent an unreadable list: {exc}")) from None
+            if not after:
+                return held
+            params = {"since": since.isoformat(), "after": str(after)}
+        raise ListUnavailable(f"{self.name} list: more than {MAX_PAGES} pages")
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "protocol": "sandbox-effects/1", "base_url": self.base_url}
