@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest
 from demo.sandbox.models import Effect
-from ledger.models import Action, MoneyMovement
+from ledger.models import Action, MoneyMovement, OrphanEffect, RestoreRecord
 from runtime import runner
 from tasks.models import Task
 from tasks.states import State
@@ -209,6 +209,28 @@ def test_the_app_role_cannot_rewrite_or_delete_a_money_movement(sandbox, acme, o
     ):
         assert "permission denied" in refused(conn, sql, [movement.pk]), sql
     assert MoneyMovement.objects.get(pk=movement.pk).amount == movement.amount
+
+
+def test_the_app_role_cannot_rewrite_what_recover_found_or_the_restore_it_recorded(acme, app_role):  # noqa: F811
+    """After a restore, the orphan effects a system holds and the restore record are what operators
+    settle from: the app may settle an orphan, never change what the system said or forget a restore."""
+    name, connect = app_role
+    now = timezone.now()
+    orphan = OrphanEffect.objects.create(
+        connector="payments", idempotency_key="k2.x:pay:0", tenant=acme, found_at=now,
+        system_created_at=now, system_status="succeeded", record_id="pay-1",
+    )  # fmt: skip
+    restore = RestoreRecord.objects.create(tenant=acme, at=now, since=now, orphans=1, recorded=1)
+    conn = connect()
+    for sql, pk in (
+        ("UPDATE ledger_orphaneffect SET system_status = 'failed' WHERE id = %s", orphan.pk),
+        ("UPDATE ledger_orphaneffect SET idempotency_key = 'other' WHERE id = %s", orphan.pk),
+        ("UPDATE ledger_restorerecord SET orphans = 0 WHERE id = %s", restore.pk),
+        ("DELETE FROM ledger_restorerecord WHERE id = %s", restore.pk),
+    ):
+        assert "permission denied" in refused(conn, sql, [pk]), sql
+    assert OrphanEffect.objects.get(pk=orphan.pk).system_status == "succeeded"
+    assert RestoreRecord.objects.get(pk=restore.pk).orphans == 1
 
 
 def test_the_app_role_cannot_remove_anyone_barred_from_deciding_a_request(payment, app_role):  # noqa: F811

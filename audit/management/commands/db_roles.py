@@ -74,6 +74,7 @@ APPEND_ONLY = (
     "approvals_approvaldecision",
     "tenancy_accessevent",
     "ledger_moneymovement",
+    "ledger_restorerecord",
 )
 # Columns the app never updates once the row exists (key rotation and retention run as the owner).
 WITHHELD = {
@@ -86,6 +87,11 @@ WITHHELD = {
         "evidence", "policy_reason", "policy_version", "requested_by", "allowed_decisions", "created_at",
     ),
     "ledger_action": ("effect", "key_scheme"),
+    # An orphan effect is kept as the system reported it; only its settlement moves.
+    "ledger_orphaneffect": (
+        "id", "connector", "idempotency_key", "tenant_id", "found_at", "system_created_at", "system_status",
+        "record_id",
+    ),
 }  # fmt: skip
 # Read by the app, written by the owner only.
 OWNER_WRITES = ("tenancy_membership", "django_migrations")
