@@ -101,8 +101,8 @@ TASK_COLUMNS = (
     "checkpoint_schema", "parent_id", "rerun_of_id", "compensates_id", "state",
     "state_version", "state_reason", "outcome", "objective", "input", "idempotency_key", "request_digest",
     "deadline", "wait_deadline", "attempt", "policy_version", "model_id", "prompt_id", "toolset_id",
-    "escalation_level", "escalated_to", "escalation_reason", "audit_head", "created_at", "updated_at",
-    "state_entered_at",
+    "escalation_level", "escalated_to", "escalation_reason", "audit_head", "takeover_head", "created_at",
+    "updated_at", "state_entered_at",
 )  # fmt: skip
 # Besides state, version, reason, timestamps and head, advance() rewrites every CHANGEABLE field.
 CHANGEABLE_COLUMNS = (

@@ -78,8 +78,9 @@ class Task(models.Model):
     # under the same compare-and-set as state_version, so the chain cannot fork.
     audit_head = models.CharField(max_length=64, blank=True, default="")
     # Hash of the newest chained lease takeover ("" while none): the head of the task's takeover
-    # chain (audit.chain.verify_takeovers). Moved only by a claim, under the task row's lock.
-    takeover_head = models.CharField(max_length=64, blank=True, default="")
+    # chain (audit.chain.verify_takeovers). Moved only by a claim, under the task row's lock. A database
+    # default too: rows inserted by SQL (the benches, older deployments' workers) start with none.
+    takeover_head = models.CharField(max_length=64, blank=True, default="", db_default="")
 
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()

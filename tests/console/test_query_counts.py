@@ -31,7 +31,7 @@ CEILING = {  # measured when written, plus a little room: 10, 19, 8, 9, 6, 6, 10
     "approval": 13,  # issue 20: + earlier decisions, earlier effects, the second factor's device
     "quarantine": 9,
     "audit": 9,
-    "audit-task": 14,  # issue 20: + the second factor's device, keyed_since, the anchor badge
+    "audit-task": 15,  # + the badge's anchor window (keyed moment, last anchor) and the takeover chain
     "bulk-list": 8,
 }
 SLACK = 2  # more rows may add a "next page" probe, never a query per row
