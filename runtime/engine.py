@@ -413,21 +413,7 @@ def _dispatch(
     if integrity.is_withheld(action.outcome):  # withheld before (a release): held again, never sent
         return _not_as_intended(task, progress, action.last_error)
     if action.dispatch_state in SETTLED_OK:
-        call = ToolCallRecord(
-            action_id=str(action.pk),
-            idempotency_key=action.idempotency_key,
-            step=step.name,
-            outcome=action.dispatch_state,
-        )
-        done = {**facts, step.output: action.external_ref} if step.output else facts
-        settled = _advance_to(
-            progress,
-            step.next,
-            task,
-            facts=done,
-            tool_calls=[*progress.tool_calls, call],
-            output_refs=[*progress.output_refs, f"{step.connector}:{action.external_ref}"],
-        )
+        settled = _done_with(action, task, step, progress, facts)
         if not action.duplicates_suppressed:
             return settled
         # The system had this key already (e.g. a task re-created with its client's key after a restore):
@@ -465,6 +451,28 @@ def _dispatch(
         progress.model_copy(update={"step": step.name}),
         reason=action.last_error or f"{action.idempotency_key} is {action.dispatch_state}",
         reason_code="dispatch_unknown",
+    )
+
+
+def _done_with(
+    action: Action, task: Task, step: registry.Dispatch, progress: Progress, facts: dict[str, Any]
+) -> Decision:
+    """``step`` done with ``action``'s settled outcome (this task's, or an original's it reuses): the
+    call recorded among the tool calls, the system's reference as the step's output."""
+    call = ToolCallRecord(
+        action_id=str(action.pk),
+        idempotency_key=action.idempotency_key,
+        step=step.name,
+        outcome=action.dispatch_state,
+    )
+    done = {**facts, step.output: action.external_ref} if step.output else facts
+    return _advance_to(
+        progress,
+        step.next,
+        task,
+        facts=done,
+        tool_calls=[*progress.tool_calls, call],
+        output_refs=[*progress.output_refs, f"{step.connector}:{action.external_ref}"],
     )
 
 
@@ -543,21 +551,7 @@ def _reuse_earlier(
     )
     if earlier is None:
         return None
-    call = ToolCallRecord(
-        action_id=str(earlier.pk),
-        idempotency_key=earlier.idempotency_key,
-        step=step.name,
-        outcome=earlier.dispatch_state,
-    )
-    done = {**facts, step.output: earlier.external_ref} if step.output else facts
-    verdict = _advance_to(
-        progress,
-        step.next,
-        task,
-        facts=done,
-        tool_calls=[*progress.tool_calls, call],
-        output_refs=[*progress.output_refs, f"{step.connector}:{earlier.external_ref}"],
-    )
+    verdict = _done_with(earlier, task, step, progress, facts)
     return dataclasses.replace(
         verdict,
         reason=(
