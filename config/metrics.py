@@ -216,10 +216,8 @@ def _alerts(options: CallbackOptions) -> Iterator[Observation]:
     snapshot, readings = _current(), _readings
     if snapshot is None or snapshot.alerts is None or readings is None:
         return  # no reading, or no alert table in this deployment
-    rows = [((kind,), 0) for kind in readings.alert_kinds()] + [
-        ((kind,), n) for _, kind, n in snapshot.alerts
-    ]
-    yield from _sum_by(rows, ("kind",))
+    none_open = [((kind,), 0) for kind in readings.alert_kinds()]
+    yield from _sum_by(none_open + [((kind,), n) for _, kind, n in snapshot.alerts], ("kind",))
 
 
 def _reading(options: CallbackOptions) -> Iterator[Observation]:
