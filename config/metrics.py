@@ -12,6 +12,12 @@ writes into this module's own registry. Two kinds of series come out:
   histogram written by a small collector: the OpenTelemetry API has no
   asynchronous histogram, and buckets counted by the database are exactly that.
 
+This module sits at the bottom of the layers (beside ``audit``, below the
+kernel: pyproject's ``[tool.importlinter]``) and reads no model itself. The
+layer that knows the models hands it their reading at app loading
+(``provide_readings``, from ``runtime.apps``); until then, and in a process
+without it, the database gauges say nothing and the rest is served as usual.
+
 Who may scrape: a request with ``Authorization: Bearer <METRICS_TOKEN>``, or
 one from an address in ``METRICS_ALLOW_IPS`` (CIDRs, loopback by default) that
 did not come through a proxy. A console session counts for nothing.
@@ -24,9 +30,10 @@ import ipaddress
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator
-from types import ModuleType
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -78,19 +85,87 @@ def configure() -> bool:
 # --- gauges read from the database --------------------------------------------------------------------
 
 
-def _readings() -> ModuleType:
-    """``runtime.gauges``, imported on first use: ``configure()`` runs before Django has loaded its
-    apps (``config/wsgi.py``), and the readings import models."""
-    from runtime import gauges
+class TaskCount(Protocol):
+    """Tasks of one state and type (a quarantine reason, a runnable task's region: "" otherwise)."""
 
-    return gauges
+    @property
+    def state(self) -> str: ...
+    @property
+    def task_type(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def region(self) -> str: ...
+    @property
+    def n(self) -> int: ...
 
 
-def _current() -> Any:
-    """The ``runtime.gauges.Snapshot`` the view took for this scrape (one for every series), or None:
+class WaitAges(Protocol):
+    """Waiting tasks of one state: how many per age bucket (then the rest), and their ages added up."""
+
+    @property
+    def state(self) -> str: ...
+    @property
+    def counts(self) -> Sequence[int]: ...
+    @property
+    def total_seconds(self) -> float: ...
+
+
+class Snapshot(Protocol):
+    """One reading of the database, for every series of a scrape (``runtime.gauges.Snapshot``)."""
+
+    @property
+    def read_at(self) -> datetime: ...
+    @property
+    def took(self) -> float: ...
+    @property
+    def tasks(self) -> Sequence[TaskCount]: ...
+    @property
+    def waits(self) -> Sequence[WaitAges]: ...
+    @property
+    def unknown(self) -> Sequence[tuple[int, int, datetime]]: ...
+    @property
+    def unleased(self) -> Sequence[tuple[str, datetime]]: ...
+    @property
+    def alerts(self) -> Sequence[tuple[int, str, int]] | None: ...
+
+
+@dataclass(frozen=True)
+class Readings:
+    """What the database gauges need from the layer that reads the database."""
+
+    snapshot: Callable[[], Snapshot]  # the latest reading (cached by its provider)
+    alert_kinds: Callable[[], Sequence[str]]  # every kind of alert, each reported even when none is open
+    waiting_states: Sequence[str]  # the histogram's states, in order
+    age_buckets: Sequence[int]  # the histogram's upper bounds in seconds (a last bucket holds the rest)
+
+
+_readings: Readings | None = None
+
+
+def provide_readings(readings: Readings) -> None:
+    """Serve the database gauges from ``readings`` (``runtime.apps``, at app loading).
+
+    Providing the same readings again changes nothing (``ready()`` may run twice);
+    different ones are refused: one process has one source of truth for its gauges.
+    """
+    global _readings
+    if _readings is not None and _readings != readings:
+        raise ValueError("the database gauges already have their readings")
+    _readings = readings
+
+
+def provided_readings() -> Readings | None:
+    """The readings the database gauges are served from, or None before any was provided."""
+    return _readings
+
+
+def _current() -> Snapshot | None:
+    """The snapshot the view took for this scrape (one for every series), or None:
     the database could not be read, or this is a worker's own endpoint (``serve``), which leaves the
     database's numbers to the web processes rather than repeat them once per worker."""
-    return getattr(_scrape, "snapshot", None)
+    snapshot: Snapshot | None = getattr(_scrape, "snapshot", None)
+    return snapshot
 
 
 def _sum_by(rows: Iterable[tuple[tuple[str, ...], int]], names: tuple[str, ...]) -> list[Observation]:
@@ -138,13 +213,11 @@ def _unleased(options: CallbackOptions) -> Iterator[Observation]:
 
 
 def _alerts(options: CallbackOptions) -> Iterator[Observation]:
-    snapshot = _current()
-    model = None if snapshot is None else _readings().alert_model()
-    if snapshot is None or snapshot.alerts is None or model is None:
-        return
-    kinds = [str(value) for value, _ in model._meta.get_field("kind").choices or ()]
-    rows = [((kind,), 0) for kind in kinds] + [((kind,), n) for _, kind, n in snapshot.alerts]
-    yield from _sum_by(rows, ("kind",))
+    snapshot, readings = _current(), _readings
+    if snapshot is None or snapshot.alerts is None or readings is None:
+        return  # no reading, or no alert table in this deployment
+    none_open = [((kind,), 0) for kind in readings.alert_kinds()]
+    yield from _sum_by(none_open + [((kind,), n) for _, kind, n in snapshot.alerts], ("kind",))
 
 
 def _reading(options: CallbackOptions) -> Iterator[Observation]:
@@ -193,17 +266,19 @@ class WaitAgeHistogram:
         return []  # nothing read at registration
 
     def collect(self) -> Iterator[Metric]:
-        snapshot, gauges = _current(), _readings()
-        if snapshot is None:
+        snapshot, readings = _current(), _readings
+        if snapshot is None or readings is None:
             return
         family = HistogramMetricFamily(
             self.name, "Time in state of waiting tasks, by waiting state (database)", labels=["state"]
         )
-        for state in gauges.WAITING_STATES:
+        bounds = readings.age_buckets
+        for state in readings.waiting_states:
             rows = [row for row in snapshot.waits if row.state == state]
-            counts = [sum(row.counts[i] for row in rows) for i in range(len(gauges.AGE_BUCKETS) + 1)]
-            buckets, seen = [], 0
-            for bound, n in zip([*map(str, map(float, gauges.AGE_BUCKETS)), "+Inf"], counts, strict=True):
+            counts = [sum(row.counts[i] for row in rows) for i in range(len(bounds) + 1)]
+            buckets: list[tuple[str, float]] = []
+            seen = 0
+            for bound, n in zip([*map(str, map(float, bounds)), "+Inf"], counts, strict=True):
                 seen += n
                 buckets.append((bound, seen))
             family.add_metric([state], buckets, sum_value=sum(row.total_seconds for row in rows))
@@ -268,7 +343,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     if not configure():
         return HttpResponse("# metrics are off: OTEL_SDK_DISABLED=true\n", content_type=CONTENT_TYPE_LATEST)
     try:
-        _scrape.snapshot = _readings().snapshot()
+        _scrape.snapshot = None if _readings is None else _readings.snapshot()
     except DatabaseError:
         log.warning("metrics: the database reading failed", exc_info=True)
         _scrape.snapshot = None

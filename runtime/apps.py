@@ -1,3 +1,5 @@
+from __future__ import annotations
+
 from django.apps import AppConfig
 
 
@@ -5,3 +7,11 @@ class RuntimeConfig(AppConfig):
     """What runs in a worker: the engine, the resume loop, the sweep, dispatch and reconciliation."""
 
     name = "runtime"
+
+    def ready(self) -> None:
+        from config import metrics
+        from runtime import gauges
+
+        # /metrics (config.metrics) sits below every app and imports none: its database gauges are
+        # served from the readings this layer hands it, once the models are loaded.
+        metrics.provide_readings(gauges.READINGS)

@@ -41,6 +41,7 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from audit.models import TransitionEvent
+from config import metrics
 from ledger.models import Action, DispatchState
 from tasks.leases import live_lease_exists
 from tasks.models import Task
@@ -227,12 +228,27 @@ def alert_model() -> Any | None:
         return None
 
 
+def alert_kinds() -> tuple[str, ...]:
+    """Every kind an alert can be (each a series of ``durable_alerts_open``, 0 when none is open)."""
+    model = alert_model()
+    if model is None:
+        return ()
+    return tuple(str(value) for value, _ in model._meta.get_field("kind").choices or ())
+
+
 def _open_alerts() -> tuple[tuple[int, str, int], ...] | None:
     model = alert_model()
     if model is None:
         return None
     rows = model.objects.filter(cleared_at__isnull=True).values("tenant_id", "kind").annotate(n=Count("pk"))
     return tuple((row["tenant_id"], row["kind"], row["n"]) for row in rows.order_by())
+
+
+# What /metrics serves its database gauges from (config.metrics, which reads no model itself): handed
+# over by runtime.apps at app loading.
+READINGS = metrics.Readings(
+    snapshot=snapshot, alert_kinds=alert_kinds, waiting_states=WAITING_STATES, age_buckets=AGE_BUCKETS
+)
 
 
 # --- the dashboard's tenant-scoped reads ------------------------------------------------------------

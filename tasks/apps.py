@@ -1,3 +1,5 @@
+from __future__ import annotations
+
 from django.apps import AppConfig
 
 
@@ -5,9 +7,10 @@ class TasksConfig(AppConfig):
     name = "tasks"
 
     def ready(self) -> None:
-        # A task's end moves its waiting parent on and cancels its own running children, in every
-        # process that can end a task.
-        from tasks import cancellation, children, transitions
+        from tasks import cancellation, children, hooks
 
-        transitions.task_ended.connect(children.after_child_ended, dispatch_uid="tasks.children")
-        transitions.task_ended.connect(cancellation.after_parent_ended, dispatch_uid="tasks.cancellation")
+        # What follows a task's end, in every process that can end one, in this order: its waiting
+        # parent moves on once it was the last child running, then its own running children are
+        # canceled (tests/tasks/test_hooks.py holds the order).
+        hooks.after_task_ended.register("tasks.children", children.after_child_ended)
+        hooks.after_task_ended.register("tasks.cancellation", cancellation.after_parent_ended)

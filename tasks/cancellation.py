@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
 from uuid import UUID
 
 from django.db import IntegrityError, transaction
@@ -177,7 +176,7 @@ def cancel_children(parent: Task, *, reason: str) -> list[UUID]:
     return asked
 
 
-def after_parent_ended(sender: Any, *, task: Task, **kwargs: Any) -> None:
+def after_parent_ended(task: Task) -> None:
     """After a task's end: children it started and that still run are canceled (an expired or
     failed parent's children would otherwise go on acting for nobody). Only a type that starts
     children is asked; a canceled task already waited for its own."""

@@ -10,7 +10,7 @@ re-created after a restore starts children whose effects have the same keys.
 
 A child's terminal transition writes, in its own commit, an ``ExternalEvent``
 for its parent (type ``child_ended``): the parent's record of how each child
-ended. After that commit (signal ``tasks.transitions.task_ended``, connected
+ended. After that commit (hook ``tasks.hooks.after_task_ended``, registered
 in ``tasks.apps``), the last child to end moves the parent on
 (``children_done`` -> ``resume_validation``); the sweep does the same for a
 parent whose last child's process died between the two (``wake_waiting``).
@@ -90,7 +90,7 @@ def running(parent_id: UUID) -> QuerySet[Task]:
     return Task.objects.filter(parent_id=parent_id).exclude(state__in=TERMINAL)
 
 
-def after_child_ended(sender: Any, *, task: Task, **kwargs: Any) -> None:
+def after_child_ended(task: Task) -> None:
     """After a child's terminal commit: move its parent on if it was the last one running.
 
     Best effort, never raising into the child's caller: whoever loses a race

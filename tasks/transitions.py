@@ -4,6 +4,21 @@
 of ``tasks.states.TRANSITIONS``. Each is one durable transaction holding the
 task row change, its checkpoint, its audit event and its ledger (outbox) rows:
 either all of them commit or none does.
+
+What runs besides the kernel's own code, and when, is named at the call site
+or declared in ``tasks.hooks``; nothing is connected invisibly:
+
+- ``records=`` and ``also=`` of ``advance`` are rows and writes the *caller*
+  hands over, to commit in the transition's one transaction or not at all
+  (``approvals.services`` passes its request and the permission grant, or the
+  decision and the request's settlement; the engine its guarded writes). They
+  are the caller's own code in the caller's own layer, visible where it calls:
+  the kernel imports nothing of it and looks nothing up. Kept as they are, since
+  splitting them out would break the one-transaction promise above.
+- After a terminal commit, the hooks registered at ``tasks.hooks.after_task_ended``
+  run, in their listed order (``tasks.apps``: the parent's wake-up, then the
+  cancellation of the task's own running children). The kernel cannot call
+  those directly: they advance tasks themselves.
 """
 
 from __future__ import annotations
@@ -18,7 +33,6 @@ from uuid import UUID
 from django.conf import settings
 from django.db import models, transaction
 from django.db.models import Case, Q, Value, When
-from django.dispatch import Signal
 from django.utils import timezone
 from opentelemetry import trace
 
@@ -28,7 +42,7 @@ from audit.models import TransitionEvent
 from audit.redaction import redact
 from ledger import integrity, keys
 from ledger.models import Action
-from tasks import audit_paths, checkpoints, effect_keys, hotpath, metrics, registry, sealing
+from tasks import audit_paths, checkpoints, effect_keys, hooks, hotpath, metrics, registry, sealing
 from tasks.exceptions import LeaseLost, StaleEpoch, StaleVersion, TaskNotFound, TransitionNotAllowed
 from tasks.leases import Held
 from tasks.models import CancelRequest, CancelScope, Checkpoint, ExternalEvent, Task
@@ -37,9 +51,6 @@ from tasks.states import TERMINAL, WAITING, ActorKind, State, Trigger, find_edge
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer(__name__)
 CHILD_ENDED = "child_ended"  # the event type of a child's end, for its parent
-# Sent after a task's terminal commit (``task``: as committed): its parent may move on
-# (``tasks.children``), its children still running are canceled (``tasks.cancellation``).
-task_ended = Signal()
 
 
 @dataclass(frozen=True)
@@ -290,7 +301,8 @@ def _child_ended_event(child: Task) -> ExternalEvent:
     that lock from its compare-and-set to its commit, and checks inside it that
     a child still runs (``tasks.children.none_running_guard``). So either the
     parent sees this child ended and does not wait, or it commits its wait
-    before ``task_ended``'s receiver looks at it: it is never left waiting on nothing.
+    before the ``after_task_ended`` hook (``tasks.children``) looks at it: it is never left waiting
+    on nothing.
     """
     parent_id = child.parent_id
     assert parent_id is not None
@@ -599,6 +611,6 @@ def _advance(
         },
     )
     metrics.transitioned(edge.trigger, task.task_type, left=entered_before, at=task.updated_at)  # committed
-    if ended:
-        task_ended.send(Task, task=task)
+    if ended:  # committed: its parent may move on, its running children are canceled (tasks.hooks)
+        hooks.after_task_ended.run(task)
     return Advanced(task, checkpoint)

@@ -29,7 +29,7 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
 # Tests that start real processes or a browser: seconds to minutes each, against milliseconds for the rest.
-HEAVY_DIRS = {"bench", "chaos", "lifecycle", "regions", "upgrades"}
+HEAVY_DIRS = {"bench", "chaos", "lifecycle", "packaging", "regions", "upgrades"}
 
 
 def _heavy(item: pytest.Item) -> bool:

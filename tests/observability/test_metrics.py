@@ -301,6 +301,41 @@ def test_the_database_reading_is_kept_for_metrics_cache_seconds(
     assert value(scrape(client), "durable_tasks", state="ready", task_type="refund_request") == 2
 
 
+def test_the_database_gauges_are_served_from_the_readings_runtime_provided_at_app_loading(client, acme):
+    from runtime import gauges
+
+    assert metrics_config.provided_readings() is gauges.READINGS
+    make_task(acme)
+    series = scrape(client)
+    assert value(series, "durable_tasks", state="ready", task_type="refund_request") == 1
+    assert value(series, "durable_task_wait_age_seconds_count", state="waiting_input") == 0
+    assert value(series, "durable_gauges", check="up") == 1
+
+
+def test_providing_the_readings_again_is_harmless_and_other_readings_are_refused():
+    from runtime import gauges
+
+    metrics_config.provide_readings(gauges.READINGS)  # RuntimeConfig.ready() running twice
+    assert metrics_config.provided_readings() is gauges.READINGS
+    other = metrics_config.Readings(
+        snapshot=gauges.snapshot, alert_kinds=tuple, waiting_states=(), age_buckets=()
+    )
+    with pytest.raises(ValueError, match="already have their readings"):
+        metrics_config.provide_readings(other)
+    assert metrics_config.provided_readings() is gauges.READINGS
+
+
+def test_without_readings_metrics_answers_with_its_own_series_and_no_database_gauges(
+    client, acme, monkeypatch
+):
+    make_task(acme)
+    monkeypatch.setattr(metrics_config, "_readings", None)  # a process where no layer provided them
+    series = scrape(client)
+    assert family(series, "durable_tasks") == {}
+    assert value(series, "durable_task_wait_age_seconds_count", state="waiting_input") == 0
+    assert value(series, "durable_gauges", check="up") == 0
+
+
 def test_leases_heartbeats_approvals_and_verdicts_are_counted_where_they_happen(
     client, acme, operator, approver, django_capture_on_commit_callbacks
 ):
