@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from itertools import accumulate
+from typing import IO, Any, NoReturn
 
 from rest_framework.exceptions import ParseError, ValidationError
 from rest_framework.parsers import JSONParser
@@ -50,7 +52,9 @@ def _too_big(text: str) -> str | None:
 
 
 class BoundedJSONParser(JSONParser):
-    def parse(self, stream, media_type=None, parser_context=None):
+    def parse(
+        self, stream: IO[Any], media_type: str | None = None, parser_context: Mapping[str, Any] | None = None
+    ) -> Any:  # any JSON value: the stubs say a dict, but a body may be a list or a scalar
         encoding = (parser_context or {}).get("encoding", "utf-8")
         try:
             text = stream.read().decode(encoding)
@@ -84,5 +88,5 @@ def _refuse_unstorable(parsed: object) -> None:
             raise ValidationError({key: [str(exc)]}) from None
 
 
-def _refuse_constant(name: str):
+def _refuse_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not valid JSON")

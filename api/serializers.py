@@ -6,7 +6,7 @@ Request bodies are parsed by the input serializer nested in each view
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
@@ -37,7 +37,7 @@ def storable(value: Any, where: str = "input") -> None:
 # --- tasks -----------------------------------------------------------------------------------------
 
 
-class TaskSummary(serializers.ModelSerializer):
+class TaskSummary(serializers.ModelSerializer[Task]):
     tenant: serializers.SlugRelatedField[Tenant] = serializers.SlugRelatedField(
         slug_field="slug", read_only=True
     )
@@ -215,7 +215,7 @@ class TaskDetail(TaskSummary):
         return data
 
 
-class EventOut(serializers.ModelSerializer):
+class EventOut(serializers.ModelSerializer[TransitionEvent]):
     class Meta:
         model = TransitionEvent
         # Every hashed field (so an auditor can recompute the chain), bar the task's own ids, and the
@@ -229,7 +229,14 @@ class EventOut(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class CheckpointOut(serializers.ModelSerializer):
+class _Decoded(TypedDict):
+    """A checkpoint row as the API shows it: its document, or why it cannot be read."""
+
+    ok: bool
+    document: dict[str, Any]
+
+
+class CheckpointOut(serializers.ModelSerializer[Checkpoint]):
     document = serializers.SerializerMethodField()
     readable = serializers.SerializerMethodField()
 
@@ -238,8 +245,8 @@ class CheckpointOut(serializers.ModelSerializer):
         fields = ["state_version", "schema_version", "codec", "digest", "created_at", "readable", "document"]
         read_only_fields = fields
 
-    def _decoded(self, row: Checkpoint) -> dict[str, Any]:
-        cache: dict[Any, dict[str, Any]] = self.__dict__.setdefault("_decoded_rows", {})
+    def _decoded(self, row: Checkpoint) -> _Decoded:
+        cache: dict[Any, _Decoded] = self.__dict__.setdefault("_decoded_rows", {})
         if row.pk not in cache:
             try:
                 # recorded_digest: annotated by TaskCheckpointsApi from the row's audit event.
@@ -263,7 +270,7 @@ class CheckpointOut(serializers.ModelSerializer):
         return self._decoded(row)["document"]
 
 
-class ActionOut(serializers.ModelSerializer):
+class ActionOut(serializers.ModelSerializer[Action]):
     effect = serializers.SerializerMethodField()
 
     class Meta:
@@ -299,7 +306,7 @@ class ActionOut(serializers.ModelSerializer):
         return sealing.masked_effect(action.idempotency_key, action.effect, names)
 
 
-class DeliveryOut(serializers.Serializer):
+class DeliveryOut(serializers.Serializer[None]):  # describes the answer; holds no instance
     applied = serializers.BooleanField(help_text="False: a duplicate, acknowledged and not applied again")
     note = serializers.CharField()
     task = TaskDetail()
@@ -308,7 +315,7 @@ class DeliveryOut(serializers.Serializer):
 # --- approvals -------------------------------------------------------------------------------------
 
 
-class ApprovalOut(serializers.ModelSerializer):
+class ApprovalOut(serializers.ModelSerializer[ApprovalRequest]):
     tenant: serializers.SlugRelatedField[Tenant] = serializers.SlugRelatedField(
         slug_field="slug", read_only=True
     )
@@ -352,11 +359,14 @@ class ApprovalOut(serializers.ModelSerializer):
     def get_live(self, request: ApprovalRequest) -> bool:
         return approval_selectors.is_live(request)
 
+    # Both columns hold a JSON object (the model types what it shows as any JSON value).
     def get_consequential(self, request: ApprovalRequest) -> dict[str, Any]:
-        return request.shown_consequential
+        shown: dict[str, Any] = request.shown_consequential
+        return shown
 
     def get_material(self, request: ApprovalRequest) -> dict[str, Any]:
-        return request.shown_material
+        shown: dict[str, Any] = request.shown_material
+        return shown
 
     def get_decision(self, request: ApprovalRequest) -> dict[str, Any] | None:
         made = getattr(request, "decision", None)
@@ -370,7 +380,7 @@ class ApprovalOut(serializers.ModelSerializer):
         }
 
 
-class EarlierDecisionOut(serializers.Serializer):
+class EarlierDecisionOut(serializers.Serializer[approval_selectors.EarlierDecision]):
     request = serializers.UUIDField(source="request_id")
     task = serializers.UUIDField(source="task_id")
     decision = serializers.CharField()
@@ -379,7 +389,7 @@ class EarlierDecisionOut(serializers.Serializer):
     comment = serializers.CharField()
 
 
-class MayNotDecideOut(serializers.Serializer):
+class MayNotDecideOut(serializers.Serializer[approval_selectors.MayNotDecide]):
     actor = serializers.CharField(help_text="user:<username>")
     why = serializers.CharField(help_text='"reran this task, escalated it"')
 
@@ -403,10 +413,13 @@ class ApprovalDetailOut(ApprovalOut):
             read[request.pk] = approval_selectors.separation(request)
         return read[request.pk]
 
+    # arg-type: the stubs let a plain Serializer take one instance only, not many=True's list.
     @extend_schema_field(EarlierDecisionOut(many=True))
     def get_earlier_decisions(self, request: ApprovalRequest) -> list[Any]:
-        return list(EarlierDecisionOut(self._separation(request).earlier, many=True).data)
+        earlier = self._separation(request).earlier
+        return list(EarlierDecisionOut(earlier, many=True).data)  # type: ignore[arg-type]
 
     @extend_schema_field(MayNotDecideOut(many=True))
     def get_may_not_decide(self, request: ApprovalRequest) -> list[Any]:
-        return list(MayNotDecideOut(self._separation(request).may_not_decide, many=True).data)
+        barred = self._separation(request).may_not_decide
+        return list(MayNotDecideOut(barred, many=True).data)  # type: ignore[arg-type]

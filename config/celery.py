@@ -8,13 +8,18 @@ server to install.
 
 from __future__ import annotations
 
+import logging
 import os
+from typing import TYPE_CHECKING
 
 from celery import Celery
 from celery.signals import after_setup_logger, after_setup_task_logger, worker_init, worker_process_init
 
 from audit.redaction import RedactingFilter
 from config import otel
+
+if TYPE_CHECKING:  # the web processes import this module too: they need no worker machinery
+    from celery.worker import WorkController
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -24,12 +29,12 @@ app.autodiscover_tasks(["tasks", "runtime", "approvals", "audit"], related_name=
 
 
 @worker_process_init.connect
-def _trace_worker(**kwargs) -> None:
+def _trace_worker(**kwargs: object) -> None:
     otel.configure(celery=True)  # per pool process: exporters do not survive fork
 
 
 @worker_init.connect
-def _trace_unforked_worker(sender=None, **kwargs) -> None:
+def _trace_unforked_worker(sender: WorkController | None = None, **kwargs: object) -> None:
     # The threads pool (the embedded broker's, see settings) forks no pool processes: trace here.
     pool = getattr(sender, "pool_cls", "")
     if "prefork" not in (pool if isinstance(pool, str) else pool.__module__):
@@ -38,7 +43,7 @@ def _trace_unforked_worker(sender=None, **kwargs) -> None:
 
 @after_setup_logger.connect
 @after_setup_task_logger.connect
-def _redact_worker_logs(logger=None, **kwargs) -> None:
+def _redact_worker_logs(logger: logging.Logger | None = None, **kwargs: object) -> None:
     # Celery replaces the handlers LOGGING installed with its own: redact on those too.
     for handler in getattr(logger, "handlers", ()):
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):

@@ -85,7 +85,8 @@ class SessionTimeoutMiddleware:
 
 
 def _granularity() -> float:
-    return min(ACTIVE_GRANULARITY, settings.SESSION_IDLE_TIMEOUT / 10)
+    idle_limit: int = settings.SESSION_IDLE_TIMEOUT
+    return min(ACTIVE_GRANULARITY, idle_limit / 10)
 
 
 def _sent_to_login(response: HttpResponse) -> bool:

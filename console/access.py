@@ -22,7 +22,7 @@ AUDIT_ROLES = (Role.AUDITOR, Role.OPERATOR, Role.ADMIN)
 QUARANTINE_ROLES = (Role.OPERATOR, Role.ADMIN, Role.AUDITOR)
 
 
-def get_task_for_user(user: Any, task_id) -> Task:
+def get_task_for_user(user: Any, task_id: UUID | str) -> Task:
     """The task if ``user`` holds any role in its tenant; ``Http404`` otherwise."""
     return selectors.get_visible_task(user, task_id)
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
+from django_htmx.middleware import HtmxDetails
 
 from approvals import selectors as approval_selectors
 from approvals import services as approval_services
@@ -26,8 +29,14 @@ from tenancy.selectors import saved_views_for, tenant_ids_for, tenants_for
 PAGE = 50
 
 
+class HtmxHttpRequest(HttpRequest):
+    """A request as django-htmx's middleware hands it on: with ``htmx``, what the page's htmx asked."""
+
+    htmx: HtmxDetails
+
+
 @login_required
-def queue(request):
+def queue(request: HtmxHttpRequest) -> HttpResponse:
     filters, tasks = queue_parts.filtered(request, request.GET)
     page = queue_parts.page(tasks, request.GET, size=PAGE)
     can_bulk = bool(tenant_ids_for(request.user, [Role.OPERATOR, Role.ADMIN]))
@@ -59,7 +68,7 @@ def queue(request):
 
 
 @login_required
-def landing(request):
+def landing(request: HttpRequest) -> HttpResponse:
     """Where a login lands: approvers on their inbox, everyone else on the queue."""
     if tenant_ids_for(request.user, [Role.APPROVER]):
         return redirect("console:approvals")
@@ -67,7 +76,7 @@ def landing(request):
 
 
 @login_required
-def approval_inbox(request):
+def approval_inbox(request: HttpRequest) -> HttpResponse:
     form = InboxForm(request.GET, tenants=tenants_for(request.user))
     query = form.query()
     page = approval_selectors.inbox_page(request.user, size=PAGE, **query)
@@ -106,14 +115,14 @@ def _approval_context(user: Any, approval: ApprovalRequest) -> dict[str, Any]:
 
 
 @login_required
-def approval_detail(request, request_id):
+def approval_detail(request: HttpRequest, request_id: UUID) -> HttpResponse:
     approval = approval_selectors.get_visible_request(request.user, request_id)
     return render(request, "console/approval_detail.html", _approval_context(request.user, approval))
 
 
 @login_required
 @require_POST
-def approval_decide(request, request_id):
+def approval_decide(request: HttpRequest, request_id: UUID) -> HttpResponse:
     approval = approval_selectors.get_visible_request(request.user, request_id)
     form = DecisionForm(request.POST)
     if not form.is_valid():

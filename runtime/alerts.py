@@ -311,7 +311,8 @@ def _raise(kind: AlertKind, rule: Rule, now: datetime) -> int:
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return max(cursor.rowcount, 0)
+        inserted: int = cursor.rowcount  # -1 when the driver cannot tell
+        return max(inserted, 0)
 
 
 # --- reading ----------------------------------------------------------------------------------------

@@ -24,6 +24,9 @@ import threading
 import time
 from pathlib import Path
 
+from ledger.models import Action
+from tasks.models import Task
+
 
 def _pause_if(names: set[str], detail: str) -> None:
     wanted = os.environ.get("DURABLE_PAUSE_AFTER")
@@ -40,21 +43,21 @@ def _pause_if(names: set[str], detail: str) -> None:
     time.sleep(3600)
 
 
-def after_commit(task, step: str | None) -> None:
+def after_commit(task: Task, step: str | None) -> None:
     _pause_if({task.state, f"step:{step}"}, f"{task.id} {task.state_version}")
 
 
-def after_reconcile(task) -> None:
+def after_reconcile(task: Task) -> None:
     _pause_if({"reconciled"}, f"{task.id} {task.state_version}")
 
 
-def before_claim(action) -> None:
+def before_claim(action: Action) -> None:
     _pause_if({f"claiming:{action.connector}"}, f"{action.task_id} {action.idempotency_key}")
 
 
-def before_send(action) -> None:
+def before_send(action: Action) -> None:
     _pause_if({f"sending:{action.connector}"}, f"{action.task_id} {action.idempotency_key}")
 
 
-def after_send(action) -> None:
+def after_send(action: Action) -> None:
     _pause_if({f"dispatched:{action.connector}"}, f"{action.task_id} {action.idempotency_key}")

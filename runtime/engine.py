@@ -15,6 +15,7 @@ import functools
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
 from django.utils import timezone
@@ -138,7 +139,7 @@ def _in_doubt(task: Task) -> bool:
     return Action.objects.filter(task=task, dispatch_state__in=IN_DOUBT).exists()
 
 
-def _no_event_arrived(task_id, event_type: str) -> None:
+def _no_event_arrived(task_id: UUID, event_type: str) -> None:
     """Inside the commit that starts a wait: an event stored since we looked voids the decision.
 
     ``task_deliver_event`` stores an early event under the task's row lock, and

@@ -251,7 +251,7 @@ def _escalate_if_overdue(task: Task, looked: list[Action]) -> None:
         pass
 
 
-def _settle_late(action: Action, target: str, fields: dict, checked_at: datetime) -> None:
+def _settle_late(action: Action, target: str, fields: dict[str, Any], checked_at: datetime) -> None:
     """Inside the amending transition: the action moves with the report, or neither does."""
     if not action_move(
         action.pk,
@@ -264,7 +264,7 @@ def _settle_late(action: Action, target: str, fields: dict, checked_at: datetime
         raise StaleVersion(f"{action.idempotency_key} moved while its late landing was being recorded")
 
 
-def _amend_report(action: Action, target: str, fields: dict, checked_at: datetime) -> None:
+def _amend_report(action: Action, target: str, fields: dict[str, Any], checked_at: datetime) -> None:
     """Record an effect that landed after its task ended, and list it in the task's report."""
     task = Task.objects.get(pk=action.task_id)
     found = {

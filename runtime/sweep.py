@@ -26,6 +26,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from django.conf import settings
@@ -53,7 +54,7 @@ class SweepReport:
     parents_woken: int = 0
 
 
-def _move(task: Task, to_state: State, trigger: Trigger, reason: str, **changes) -> bool:
+def _move(task: Task, to_state: State, trigger: Trigger, reason: str, **changes: Any) -> bool:
     try:
         advance(
             task.id,

@@ -29,7 +29,7 @@ from opentelemetry import trace
 from approvals import services as approvals
 from runtime import evidence
 from tasks import metrics, registry
-from tasks.checkpoints import Checkpoint
+from tasks.checkpoints import Checkpoint, Progress
 from tasks.decisions import Decision, quarantine, retry_later
 from tasks.models import Policy, RuntimeConfig, Task
 from tasks.states import State, Trigger
@@ -157,7 +157,7 @@ def _verdict(task: Task, checkpoint: Checkpoint, kind: registry.TaskType, now: d
     )
 
 
-def _approver_gone(task: Task, kind: registry.TaskType, progress, now: datetime) -> Decision | None:
+def _approver_gone(task: Task, kind: registry.TaskType, progress: Progress, now: datetime) -> Decision | None:
     """An approval whose approver lost the role no longer authorizes anything: ask again."""
     for step in kind.steps:
         if not isinstance(step, registry.RequestApproval):

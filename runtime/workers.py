@@ -14,10 +14,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
+from collections.abc import Callable
 from datetime import timedelta
 
+from billiard.einfo import ExceptionInfo
 from billiard.exceptions import WorkerLostError
-from celery import shared_task
+from celery import Task, shared_task
 from celery.worker.request import Request
 from django.conf import settings
 from django.db import DatabaseError
@@ -42,7 +44,9 @@ class DoorbellRequest(Request):
     crash-loop the pool.
     """
 
-    def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
+    def on_failure(
+        self, exc_info: ExceptionInfo, send_failed_event: bool = True, return_ok: bool = False
+    ) -> None:
         exc = getattr(exc_info.exception, "exc", exc_info.exception)  # billiard wraps it
         if isinstance(exc, WorkerLostError) and self.worker_pid and not self.delivery_info.get("redelivered"):
             # The stubs type worker_pid as str; Celery stores the pool child's pid, an int.
@@ -61,10 +65,14 @@ def _release_for_lost_child(pid: int, task_id: str) -> None:
 
 
 # celery-types' shared_task overloads accept extra Task attributes (here ``Request``) only together
-# with ``base=``; Celery itself sets any keyword as an attribute of the task class.
-@shared_task(  # type: ignore[call-overload]
+# with ``base=``; Celery itself sets any keyword as an attribute of the task class. The annotation is
+# what the overload without ``Request`` answers, so the doorbell stays typed.
+_doorbell: Callable[[Callable[[str], str]], Task[[str], str]] = shared_task(  # type: ignore[call-overload]
     name="tasks.run_task", acks_late=True, reject_on_worker_lost=True, Request=DoorbellRequest
 )
+
+
+@_doorbell
 def run_task(task_id: str) -> str:
     """Run the task the doorbell names; wait out a database restart, or a server that answers but
     refuses writes (read-only, shutting down: ``reconnect.classify``), instead of dropping it."""

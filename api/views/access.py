@@ -19,13 +19,13 @@ from tenancy.selectors import ACCESS_LOG_ROLES, filter_access_events, tenant_ids
 
 
 class AccessEventListApi(APIView):
-    class FilterInput(serializers.Serializer):
+    class FilterInput(serializers.Serializer[None]):
         kind = serializers.ChoiceField(choices=AccessEvent.Kind.choices, required=False, allow_blank=True)
         user = serializers.CharField(
             max_length=150, required=False, allow_blank=True, help_text="the account's username"
         )
 
-    class EventOutput(serializers.ModelSerializer):
+    class EventOutput(serializers.ModelSerializer[AccessEvent]):
         tenant: serializers.SlugRelatedField[Tenant] = serializers.SlugRelatedField(
             slug_field="slug", read_only=True
         )

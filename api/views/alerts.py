@@ -32,13 +32,13 @@ def _yes_no(value: str) -> bool | None:
     return {"true": True, "false": False}.get(value)
 
 
-class NoteOutput(serializers.ModelSerializer):
+class NoteOutput(serializers.ModelSerializer[AlertNote]):
     class Meta:
         model = AlertNote
         fields = ["kind", "by_name", "at", "note", "snoozed_until"]
 
 
-class AlertOutput(serializers.ModelSerializer):
+class AlertOutput(serializers.ModelSerializer[Alert]):
     tenant: serializers.SlugRelatedField[Tenant] = serializers.SlugRelatedField(
         slug_field="slug", read_only=True
     )
@@ -88,7 +88,7 @@ def _note(value: str) -> str:
 class AlertListApi(APIView):
     """GET /api/alerts/ — newest first, keyset-paginated; open ones unless ``open=false`` or ``any``."""
 
-    class FilterInput(serializers.Serializer):
+    class FilterInput(serializers.Serializer[None]):
         open = serializers.ChoiceField(choices=YES_NO_ANY, required=False, default="true")
         acknowledged = serializers.ChoiceField(choices=YES_NO_ANY, required=False, default="any")
         snoozed = serializers.ChoiceField(choices=YES_NO_ANY, required=False, default="any")
@@ -167,7 +167,7 @@ class AlertAcknowledgeApi(APIView):
 
     token_scopes = {"POST": Scope.OPERATE}
 
-    class AcknowledgeInput(serializers.Serializer):
+    class AcknowledgeInput(serializers.Serializer[None]):
         note = serializers.CharField(max_length=alerts.NOTE_MAX, help_text="What you are doing about it")
 
         def validate_note(self, value: str) -> str:
@@ -191,7 +191,7 @@ class AlertSnoozeApi(APIView):
 
     token_scopes = {"POST": Scope.OPERATE}
 
-    class SnoozeInput(serializers.Serializer):
+    class SnoozeInput(serializers.Serializer[None]):
         until = serializers.DateTimeField(help_text="Out of the badge until this time")
         note = serializers.CharField(max_length=alerts.NOTE_MAX, required=False, allow_blank=True, default="")
 

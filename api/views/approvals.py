@@ -81,7 +81,7 @@ class ApprovalDecideApi(APIView):
 
     token_scopes = {"POST": Scope.APPROVE}
 
-    class DecideInput(serializers.Serializer):
+    class DecideInput(serializers.Serializer[None]):
         decision = serializers.ChoiceField(choices=Decision.choices)
         digest = serializers.RegexField(r"^[0-9a-f]{64}$", help_text="The digest shown with the request")
         comment = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
@@ -93,7 +93,7 @@ class ApprovalDecideApi(APIView):
                 raise serializers.ValidationError(f"comment {problem}")
             return value
 
-    class DecideOutput(serializers.Serializer):
+    class DecideOutput(serializers.Serializer[None]):
         applied = serializers.BooleanField()
         note = serializers.CharField()
         request = ApprovalDetailOut()

@@ -28,7 +28,7 @@ from tenancy.models import Role, Scope
 HOLDS_SHOWN = 50
 
 
-class HoldOut(serializers.ModelSerializer):
+class HoldOut(serializers.ModelSerializer[LegalHold]):
     class Meta:
         model = LegalHold
         fields = ["placed_by", "reason", "placed_at", "lifted_by", "lift_reason", "lifted_at"]
@@ -62,7 +62,7 @@ class TaskLegalHoldApi(APIView):
 
     token_scopes = {"POST": Scope.OPERATE}
 
-    class HoldInput(serializers.Serializer):
+    class HoldInput(serializers.Serializer[None]):
         hold = serializers.BooleanField(help_text="true places a hold, false lifts the one in force")
         reason = serializers.CharField(max_length=500, help_text="Why (kept with the hold)")
 

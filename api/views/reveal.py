@@ -30,7 +30,7 @@ class TaskRevealApi(APIView):
 
     token_scopes = {"POST": Scope.OPERATE}
 
-    class RevealInput(serializers.Serializer):
+    class RevealInput(serializers.Serializer[None]):
         field = serializers.CharField(max_length=64, help_text="A field the task type marks sensitive")
         state_version = serializers.IntegerField(
             min_value=1,

@@ -31,7 +31,7 @@ import hmac
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -57,13 +57,47 @@ class BadFault(ValueError):
     """A fault control the sandbox will not apply; the message says which part and why."""
 
 
-def sandbox_view(*methods: str, people_may_read: bool = False) -> Callable:
+class FaultParams(TypedDict, total=False):
+    """A fault's ``params``, every one optional (``clean_params`` checks them)."""
+
+    ms: int
+    seconds: float
+    key: str
+    standing: bool
+
+
+class FaultFields(TypedDict):
+    """The fields of a ``Fault`` to create, as ``clean_fault`` checked them."""
+
+    system: str
+    kind: str
+    operation: str
+    remaining: int
+    params: FaultParams
+
+
+class EffectJson(TypedDict):
+    """An effect as the sandbox answers it."""
+
+    id: str
+    idempotency_key: str
+    status: str
+    record_version: int
+    request: dict[str, Any]
+    deliveries: int
+    created_at: str
+
+
+View = Callable[..., JsonResponse]
+
+
+def sandbox_view(*methods: str, people_may_read: bool = False) -> Callable[[View], View]:
     """A sandbox endpoint: no CSRF (its callers are systems), the bearer token, then the methods.
 
     ``people_may_read``: a GET from a signed-in console user needs no token (approvers open records).
     """
 
-    def decorate(view: Callable[..., JsonResponse]) -> Callable[..., JsonResponse]:
+    def decorate(view: View) -> View:
         @csrf_exempt
         @functools.wraps(view)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
@@ -92,7 +126,7 @@ def _authorized(request: HttpRequest) -> bool:
     return bool(expected) and scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), expected)
 
 
-def _body(request: HttpRequest) -> tuple[dict | None, str]:
+def _body(request: HttpRequest) -> tuple[dict[str, Any] | None, str]:
     """The JSON object sent, or None and why not (not JSON, not an object, not storable)."""
     try:
         value = json.loads(request.body or b"{}")
@@ -116,7 +150,7 @@ def _latency_ms(value: Any) -> int:
     return value
 
 
-def clean_params(kind: str, params: Any) -> dict:
+def clean_params(kind: str, params: Any) -> FaultParams:
     """A queued fault's ``params``, checked: ``ms`` (latency), ``seconds`` (timeout), ``key``,
     ``standing`` (see ``Fault``)."""
     if not isinstance(params, dict):
@@ -124,7 +158,7 @@ def clean_params(kind: str, params: Any) -> dict:
     unknown = sorted(set(params) - {"ms", "seconds", "key", "standing"})
     if unknown:
         raise BadFault(f"unknown params {unknown}: ms, seconds, key and standing are known")
-    cleaned = dict(params)
+    cleaned = cast(FaultParams, dict(params))  # its keys are the known ones, their values checked below
     if "ms" in params:
         if kind != "latency":
             raise BadFault("params.ms applies to latency faults only")
@@ -146,7 +180,7 @@ def clean_params(kind: str, params: Any) -> dict:
     return cleaned
 
 
-def _header_fault(header: str) -> tuple[str, dict]:
+def _header_fault(header: str) -> tuple[str, FaultParams]:
     """``X-Sandbox-Fault: <kind>`` or ``latency=<ms>``, checked like a queued fault."""
     kind, has_value, value = header.strip().partition("=")
     if kind not in FAULT_KINDS:
@@ -158,7 +192,7 @@ def _header_fault(header: str) -> tuple[str, dict]:
     return kind, {"ms": _latency_ms(value)}
 
 
-def _effect_json(effect: Effect) -> dict:
+def _effect_json(effect: Effect) -> EffectJson:
     return {
         "id": str(effect.pk),
         "idempotency_key": effect.idempotency_key,
@@ -170,7 +204,9 @@ def _effect_json(effect: Effect) -> dict:
     }
 
 
-def _next_fault(request: HttpRequest, system: str, operation: str, key: str = "") -> tuple[str, dict] | None:
+def _next_fault(
+    request: HttpRequest, system: str, operation: str, key: str = ""
+) -> tuple[str, FaultParams] | None:
     """The fault this call suffers: the header's, or the oldest queued one that applies.
 
     A queued fault with ``params.key`` applies only to calls about that key (an
@@ -201,7 +237,7 @@ def _unknown_system(system: str) -> JsonResponse | None:
     return None
 
 
-def _sleep_ms(params: dict) -> None:
+def _sleep_ms(params: FaultParams) -> None:
     # Queued faults were checked when queued; the cap is applied again for rows written by other means.
     time.sleep(min(params.get("ms", DEFAULT_LATENCY_MS), MAX_LATENCY_MS) / 1000)
 
@@ -340,7 +376,7 @@ def faults(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"id": fault.pk, "queued": str(fault)}, status=201)
 
 
-def clean_fault(body: dict) -> dict:
+def clean_fault(body: dict[str, Any]) -> FaultFields:
     """The fields of a ``Fault`` from a request body, every part checked (``BadFault`` says which)."""
     unknown = sorted(set(body) - {"system", "kind", "operation", "remaining", "params"})
     if unknown:

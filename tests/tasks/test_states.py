@@ -1,5 +1,7 @@
 """The transition table's own invariants."""
 
+from __future__ import annotations
+
 from tasks.states import NON_TERMINAL, TRANSITIONS, WAITING, State, Trigger, edges_from
 
 

@@ -18,23 +18,25 @@ import signal
 import subprocess
 import sys
 import time
+from types import FrameType
+from typing import Any, NoReturn
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 
-def _interrupt(signum, frame):
+def _interrupt(signum: int, frame: FrameType | None) -> NoReturn:
     raise KeyboardInterrupt
 
 
 class Command(BaseCommand):
     help = "Serve the console and run a worker and the sweep (Ctrl-C stops all)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("addrport", nargs="?", default="127.0.0.1:8000")
         parser.add_argument("--concurrency", type=int, default=2)
 
-    def handle(self, *args, addrport: str, concurrency: int, **options):
+    def handle(self, *args: Any, addrport: str, concurrency: int, **options: Any) -> None:
         if not (settings.DEBUG and settings.SANDBOX_ENABLED):
             raise CommandError(
                 "run_demo serves the demo with its sandbox: run it with DEBUG=1 and SANDBOX_ENABLED=1 "

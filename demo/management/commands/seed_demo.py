@@ -36,12 +36,13 @@ import base64
 import functools
 import json
 import os
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 from django_otp.oath import TOTP
 from django_otp.plugins.otp_totp.models import TOTPDevice
@@ -83,7 +84,7 @@ def give_demo_device(user: Any) -> None:
         TOTPDevice.objects.create(user=user, name="demo authenticator", key=key, confirmed=True)
 
 
-def _refund(order: str, amount: str) -> dict:
+def _refund(order: str, amount: str) -> dict[str, str]:
     return {
         "order_id": order,
         "customer_email": f"customer+{order}@example.com",
@@ -96,14 +97,14 @@ def _refund(order: str, amount: str) -> dict:
 class Command(BaseCommand):
     help = "Create demo tenants, users and tasks (idempotent). Refuses to run with DEBUG off."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--code",
             action="store_true",
             help="only print the demo authenticator's code of the moment (for a laptop without a TOTP app)",
         )
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         if not settings.DEBUG:
             raise CommandError("seed_demo refuses to run under production settings (DEBUG is off).")
         if options["code"]:
@@ -135,7 +136,7 @@ class Command(BaseCommand):
             f"{DEMO_TOTP_SECRET} to any authenticator app (TOTP, 6 digits, 30 s)."
         )
 
-    def _lost_answer(self, task, worker) -> None:
+    def _lost_answer(self, task: Task, worker: Actor) -> None:
         """A payment in doubt: intended, sent, no answer. The reconciler will ask the payments system."""
         step = registry.get(task.task_type).step_as("pay", registry.Dispatch)
         progress = services.latest_checkpoint(task).progress
@@ -166,13 +167,13 @@ class Command(BaseCommand):
             reason_code="dispatch_unknown",
         )
 
-    def _tasks(self, tenant: Tenant, operator) -> None:
+    def _tasks(self, tenant: Tenant, operator: AbstractBaseUser) -> None:
         worker = Actor.worker("seed-demo")
         now = timezone.now()
 
         start = functools.partial(_start, tenant, operator)
 
-        def read(order: str, **facts) -> checkpoints.Progress:
+        def read(order: str, **facts: Any) -> checkpoints.Progress:
             """Where a refund stands once the order was read and triaged."""
             evidence = [
                 checkpoints.EvidenceRef(system="orders", record_id=order, record_version="1", fetched_at=now)
@@ -185,7 +186,15 @@ class Command(BaseCommand):
             }
             return checkpoints.Progress(step="", facts={**order_facts, **facts}, evidence=evidence)
 
-        def wait(task, state: State, trigger: Trigger, step: str, hours: float, progress, **extra):
+        def wait(
+            task: Task,
+            state: State,
+            trigger: Trigger,
+            step: str,
+            hours: float,
+            progress: checkpoints.Progress,
+            **extra: Any,
+        ) -> Task:
             progress = progress.model_copy(
                 update={"step": step, "facts": {**task_facts(task), **progress.facts}}
             )
@@ -302,7 +311,9 @@ class Command(BaseCommand):
             progress = read("A-117", damaged_item="mug", return_tracking="TRK-A117")
             self._ticket_left_open(task, worker, operator, progress)
 
-    def _ticket_left_open(self, task, worker, operator, progress: checkpoints.Progress) -> None:
+    def _ticket_left_open(
+        self, task: Task, worker: Actor, operator: AbstractBaseUser, progress: checkpoints.Progress
+    ) -> None:
         """The ticket is opened (its effect is in the sandbox), then an operator cancels the refund.
         The running demo's worker confirms the cancel: its report lists the ticket as not undone,
         and the task page offers close_ticket to undo it (a compensation run)."""
@@ -336,17 +347,17 @@ class Command(BaseCommand):
             reason="the customer withdrew the claim",
         )
 
-    def _standing(self, tenant: Tenant, operator, approver) -> None:
+    def _standing(self, tenant: Tenant, operator: AbstractBaseUser, approver: AbstractBaseUser) -> None:
         """The cases an operator triages that nothing in the running demo resolves."""
         worker = Actor.worker("seed-demo")
         now = timezone.now()
 
         start = functools.partial(_start, tenant, operator)
 
-        def refund(key: str, order: str, objective: str):
+        def refund(key: str, order: str, objective: str) -> Task | None:
             return start(key, "refund_request", objective, _refund(order, ORDERS[order]["total"]))
 
-        def step(task, progress, *, reason: str = "", **changes):
+        def step(task: Task, progress: checkpoints.Progress, *, reason: str = "", **changes: Any) -> Task:
             return advance(
                 task.id,
                 task.state_version,
@@ -358,7 +369,7 @@ class Command(BaseCommand):
                 **changes,
             )
 
-        def ask_customer(task):
+        def ask_customer(task: Task) -> Task:
             progress = _read(task, task.input["order_id"], now, step="ask_customer")
             return advance(
                 task.id,
@@ -547,7 +558,9 @@ class Command(BaseCommand):
             )
 
 
-def _read(task, order: str, now, *, step: str, version: str = "1", **facts) -> checkpoints.Progress:
+def _read(
+    task: Task, order: str, now: datetime, *, step: str, version: str = "1", **facts: Any
+) -> checkpoints.Progress:
     """Where a refund stands once ``order`` was read (at ``version``) and triaged."""
     evidence = [
         checkpoints.EvidenceRef(system="orders", record_id=order, record_version=version, fetched_at=now)
@@ -563,7 +576,9 @@ def _read(task, order: str, now, *, step: str, version: str = "1", **facts) -> c
     )
 
 
-def _ask_approval(task, worker, progress: checkpoints.Progress, now) -> tuple[Task, ApprovalRequest]:
+def _ask_approval(
+    task: Task, worker: Actor, progress: checkpoints.Progress, now: datetime
+) -> tuple[Task, ApprovalRequest]:
     """Step to ``approve`` and ask for the payment's approval, as the engine does."""
     task = advance(
         task.id, task.state_version, State.READY, actor=worker, trigger=Trigger.STEP, progress=progress
@@ -610,7 +625,15 @@ ORDERS = {
 }
 
 
-def _start(tenant: Tenant, operator, key: str, task_type: str, objective: str, input: dict, region=None):
+def _start(
+    tenant: Tenant,
+    operator: AbstractBaseUser,
+    key: str,
+    task_type: str,
+    objective: str,
+    input: dict[str, Any],
+    region: str | None = None,
+) -> Task | None:
     """Start demo task ``key`` once: the task on the first seed, None when it exists already."""
     task, created = task_create(
         tenant=tenant,
@@ -625,7 +648,7 @@ def _start(tenant: Tenant, operator, key: str, task_type: str, objective: str, i
     return task if created else None
 
 
-def task_facts(task) -> dict:
+def task_facts(task: Task) -> dict[str, Any]:
     # The input as submitted: its sensitive fields are stored sealed (tasks.services.task_input).
     return registry.get(task.task_type).initial_facts(services.task_input(task))
 

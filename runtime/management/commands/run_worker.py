@@ -24,9 +24,11 @@ import os
 import signal
 import time
 from datetime import timedelta
+from types import FrameType
+from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from approvals import services as approvals
 from config import metrics, otel
@@ -39,7 +41,7 @@ from tasks import liveness
 class Command(BaseCommand):
     help = "Run tasks of one region by polling PostgreSQL (no broker needed)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--region", default=settings.WORKER_REGION)
         parser.add_argument(
             "--concurrency", type=int, default=settings.WORKER_CONCURRENCY, help="tasks in flight at once"
@@ -65,15 +67,16 @@ class Command(BaseCommand):
         parser.add_argument("--max-seconds", type=float, default=0, help="stop after this long (0: never)")
         parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)  # the old name of --concurrency
 
-    def handle(self, *args, region, concurrency, db_connections, idle, lease_ttl, drain, with_sweep, once,
-               max_seconds, batch, **options):  # fmt: skip
+    def handle(self, *args: Any, region: str, concurrency: int, db_connections: int, idle: float,
+               lease_ttl: float, drain: float, with_sweep: bool, once: bool, max_seconds: float,
+               batch: int | None, **options: Any) -> None:  # fmt: skip
         if batch is not None:  # the name this option had when a worker ran one task at a time
             concurrency = batch
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
         stopping = False
 
-        def stop(signum, frame):
+        def stop(signum: int, frame: FrameType | None) -> None:
             nonlocal stopping
             stopping = True
 

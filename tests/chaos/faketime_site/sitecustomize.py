@@ -7,6 +7,8 @@ Python's ``time.sleep`` into ``EINVAL``; a condition wait (what
 the same pause, the worker's code unchanged.
 """
 
+from __future__ import annotations
+
 import threading
 import time
 
