@@ -1,6 +1,6 @@
 from django.apps import AppConfig
 
-from tasks import sealing
+from audit import sealing
 
 
 class ApprovalsConfig(AppConfig):

@@ -233,7 +233,7 @@ SPECTACULAR_SETTINGS = {
 # Largest checkpoint body written or loaded. Checkpoints hold references and scalar
 # facts, not documents: a bigger body is a blob that slipped in (or was planted).
 CHECKPOINT_MAX_BYTES = env.int("CHECKPOINT_MAX_BYTES", default=256 * 1024)
-# Keys sealing sensitive fields (tasks.sealing): "id:key,id2:key2", urlsafe-base64 Fernet keys; the
+# Keys sealing sensitive fields (audit.sealing): "id:key,id2:key2", urlsafe-base64 Fernet keys; the
 # first seals, every one opens. Never stored in the database. Unset: a public development key with
 # DEBUG on or under the tests; otherwise start-up refuses (task types mark fields sensitive).
 FIELD_ENCRYPTION_KEYS = env.str("FIELD_ENCRYPTION_KEYS", default="")

@@ -33,6 +33,7 @@ from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST, require_safe
 
 from approvals.models import ApprovalRequest
+from audit import sealing
 from audit.models import LeaseTakeover, TransitionEvent
 from console.access import can_operate, get_task_for_user
 from console.forms import DESTRUCTIVE, AnswerForm, CompensateForm, ControlForm, RerunForm, RevealForm
@@ -40,7 +41,7 @@ from console.quarantine import BEFORE_RELEASE
 from ledger import integrity
 from ledger.models import Action
 from runtime import controls
-from tasks import checkpoints, compensation, registry, retention, reveal, sealing, selectors, services
+from tasks import checkpoints, compensation, registry, retention, reveal, selectors, services
 from tasks.checkpoints import CheckpointUnreadable
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import CancelRequest, Checkpoint, Lease, Task

@@ -67,10 +67,11 @@ from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from audit import sealing
 from audit.models import AnchorRequest, Tombstone
 from audit.tombstones import make_tombstone, retention_path
 from audit.verify import keyed_since
-from tasks import checkpoints, registry, sealing, services
+from tasks import checkpoints, registry, services
 from tasks.audit_paths import verify_chain
 from tasks.exceptions import TaskNotFound
 from tasks.models import Archive, Checkpoint, ExternalEvent, LegalHold, RetentionPolicy, Task

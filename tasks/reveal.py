@@ -1,7 +1,7 @@
 """Sensitive fields as people see them: masked everywhere, and revealed one at a time on purpose.
 
 What is sensitive is the task type's declaration (``TaskType.sensitive``, see
-``tasks.sealing``). Every surface — the console's task page, the API's task,
+``audit.sealing``). Every surface — the console's task page, the API's task,
 checkpoint and action answers — shows those fields masked through the
 functions here. Revealing one is a separate, explicit request: only the
 tenant's operators and admins may make it (``REVEAL_ROLES``: they act on the
@@ -19,8 +19,9 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, Subquery
 
+from audit import sealing
 from audit.models import TransitionEvent
-from tasks import checkpoints, registry, sealing, selectors, services
+from tasks import checkpoints, registry, selectors, services
 from tasks.models import Checkpoint, Task
 from tenancy.models import AccessEvent, Role
 from tenancy.services import record_access

@@ -26,10 +26,11 @@ from django.test import Client
 from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest
+from audit import sealing
 from audit.anchor import write_anchor
 from audit.models import Tombstone, TransitionEvent
 from ledger.models import Action
-from tasks import checkpoints, retention, sealing, services
+from tasks import checkpoints, retention, services
 from tasks.ids import uuid7
 from tasks.models import Archive, Checkpoint, ExternalEvent, LegalHold, RetentionPolicy, Task, TaskInput
 from tasks.states import State, Trigger

@@ -17,9 +17,10 @@ from cryptography.fernet import Fernet
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from audit import sealing
 from audit.models import TransitionEvent
 from ledger.models import Action
-from tasks import checkpoints, registry, sealing, services
+from tasks import checkpoints, registry, services
 from tasks.models import Checkpoint, Task
 from tasks.states import State
 from tasks.transitions import ActionIntent, Actor, advance

@@ -1,6 +1,6 @@
 """manage.py rotate_keys [--batch-size N] [--max-batches N] [--dry-run]
 
-Re-seals every sealed field (``tasks.sealing``) that is not under the first key
+Re-seals every sealed field (``audit.sealing``) that is not under the first key
 of ``FIELD_ENCRYPTION_KEYS``, wherever one is kept: checkpoints
 (``Checkpoint.body``), the ledger's action effects (``Action.effect``), the
 task's ``input`` and ``outcome``, input answers (``TaskInput.payload``),
@@ -50,8 +50,9 @@ from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 from django.db import models, transaction
 from django.db.models.functions import Cast
 
+from audit import sealing
 from ledger.models import Action
-from tasks import checkpoints, sealing
+from tasks import checkpoints
 from tasks.models import Checkpoint, ExternalEvent, Task, TaskInput
 
 
