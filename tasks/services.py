@@ -10,7 +10,7 @@ event's ``payload``. Idempotency compares digests of the clear values
 differ at every sealing. The values are opened only where they are used:
 ``task_input`` (a rerun, a reveal), ``event_payload`` (the engine taking an
 early event's value as a fact). A completed task's outcome is only ever
-shown, masked (``tasks.reveal``).
+shown, masked (``protection.reveal``).
 """
 
 from __future__ import annotations
