@@ -14,10 +14,12 @@ from rest_framework import serializers
 
 from approvals import selectors as approval_selectors
 from approvals.models import ApprovalRequest, ApprovalStatus
+from audit import sealing
 from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS
 from audit.models import LeaseTakeover, TransitionEvent
 from ledger.models import Action
-from tasks import checkpoints, compensation, registry, retention, reveal, sealing, selectors, values
+from protection import retention, reveal
+from tasks import checkpoints, compensation, registry, selectors, values
 from tasks.models import CancelRequest, Checkpoint, Lease, Task
 from tasks.states import State
 from tenancy.models import Tenant

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.apps import AppConfig
 
-from tasks import sealing
+from audit import sealing
 
 
 class ApprovalsConfig(AppConfig):

@@ -10,7 +10,8 @@ from django.db import models
 from django.db.models import Q
 from guardian.models import GroupObjectPermissionBase, UserObjectPermissionBase
 
-from tasks import registry, sealing
+from audit import sealing
+from tasks import registry
 from tasks.ids import uuid7
 
 
@@ -82,7 +83,7 @@ class ApprovalRequest(models.Model):
     def __str__(self) -> str:
         return f"approval {self.id} for {self.task_id}:{self.action_step} [{self.status}]"
 
-    # --- sealed values (tasks.sealing) --------------------------------------------------------------
+    # --- sealed values (audit.sealing) --------------------------------------------------------------
     # ``consequential`` and ``material`` keep the task type's sensitive values sealed, bound to this
     # request and column. Pages and API answers show them masked (``shown_*``); the runtime and the
     # comparisons open them (``opened``).

@@ -32,8 +32,8 @@ from approvals.models import (
     ApprovalStatus,
     Decision,
 )
+from audit import sealing
 from config.external import path_segment, public_url
-from tasks import sealing
 from tasks.states import State
 from tenancy.selectors import roles_by_tenant, tenant_ids_for
 

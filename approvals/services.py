@@ -15,7 +15,7 @@ Who may not decide a request (separation of duties across the task's lineage)
 is one rule, ``approvals.authority``: the request records that set when raised.
 
 A request keeps the task type's sensitive values (the effect's sensitive keys,
-sensitive material facts) sealed to itself (``tasks.sealing``), and approvers
+sensitive material facts) sealed to itself (``audit.sealing``), and approvers
 see them masked. The digest they approve is still taken over the clear values,
 so it binds exactly what will be sent.
 """
@@ -36,8 +36,9 @@ from opentelemetry import trace
 from approvals import authority
 from approvals.digest import digest
 from approvals.models import ApprovalDecision, ApprovalRequest, ApprovalStatus, Decision
+from audit import sealing
 from ledger import integrity, money
-from tasks import doorbell, metrics, registry, sealing
+from tasks import doorbell, metrics, registry
 from tasks import services as task_services
 from tasks.checkpoints import ApprovalRef, Progress
 from tasks.decisions import Decision as StepDecision

@@ -16,7 +16,7 @@ with no private key at all. ``manage.py audit_anchor --generate-key`` prints
 a new pair.
 
 Unset, public development keys stand in, but only with ``DEBUG`` on or under
-pytest (as for ``FIELD_ENCRYPTION_KEYS``, ``tasks.sealing``); otherwise an
+pytest (as for ``FIELD_ENCRYPTION_KEYS``, ``audit.sealing``); otherwise an
 unset key stops the first write (or anchor, or verification) with
 ``ImproperlyConfigured`` naming the variable, and ``manage.py check --deploy``
 reports it up front. A malformed value stops start-up (``audit.apps``).

@@ -25,7 +25,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("config")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["tasks", "runtime", "approvals", "audit"], related_name="workers")
+app.autodiscover_tasks(["protection", "runtime", "approvals", "audit"], related_name="workers")
 
 
 @worker_process_init.connect

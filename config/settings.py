@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "ledger",
     "tasks",
     "approvals",
+    "protection",  # data protection: retention, legal holds, reveal, key rotation
     "runtime",
     "workflows",
     "console",
@@ -233,7 +234,7 @@ SPECTACULAR_SETTINGS = {
 # Largest checkpoint body written or loaded. Checkpoints hold references and scalar
 # facts, not documents: a bigger body is a blob that slipped in (or was planted).
 CHECKPOINT_MAX_BYTES = env.int("CHECKPOINT_MAX_BYTES", default=256 * 1024)
-# Keys sealing sensitive fields (tasks.sealing): "id:key,id2:key2", urlsafe-base64 Fernet keys; the
+# Keys sealing sensitive fields (audit.sealing): "id:key,id2:key2", urlsafe-base64 Fernet keys; the
 # first seals, every one opens. Never stored in the database. Unset: a public development key with
 # DEBUG on or under the tests; otherwise start-up refuses (task types mark fields sensitive).
 FIELD_ENCRYPTION_KEYS = env.str("FIELD_ENCRYPTION_KEYS", default="")
@@ -267,7 +268,7 @@ AUDIT_ANCHOR_DIR = Path(env.str("AUDIT_ANCHOR_DIR", default=str(VAR_DIR / "ancho
 # The longest an event goes unanchored (seconds): an anchor is written once the newest is this old,
 # and within a minute of a consequential transition (audit.anchor.anchor_if_due).
 AUDIT_ANCHOR_INTERVAL = env.float("AUDIT_ANCHOR_INTERVAL", default=900.0)
-# Retention (tasks/retention.py; README, "Retention"): days after a task ended until its sealed values
+# Retention (protection/retention.py; README, "Retention"): days after a task ended until its sealed values
 # are erased (archive) and until it is deleted with a tombstone, where no RetentionPolicy of its tenant
 # says otherwise; 0: never. Deleting needs the database owner role (README, "Database roles").
 RETENTION_ARCHIVE_AFTER_DAYS = env.int("RETENTION_ARCHIVE_AFTER_DAYS", default=30)
@@ -387,7 +388,7 @@ AUDIT_QUEUE = "audit"
 CELERY_TASK_ROUTES = {name: {"queue": AUDIT_QUEUE} for name in ("audit.anchor", "audit.anchor_if_due")}
 # One message per pool process at a time: doorbells a worker cannot start yet stay in the broker,
 # where any worker of the region can take them, instead of waiting behind a busy (or dying) one.
-# Doorbells ack late and go back to the queue when their pool process dies (tasks/workers.py).
+# Doorbells ack late and go back to the queue when their pool process dies (runtime/workers.py).
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
@@ -405,7 +406,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "runtime.alerts_scan",
         "schedule": env.float("ALERT_SCAN_INTERVAL", default=30.0),
     },
-    # Archive and delete ended tasks by their tenants' policies (tasks/retention.py), daily.
+    # Archive and delete ended tasks by their tenants' policies (protection/retention.py), daily.
     "retention": {"task": "tasks.retention", "schedule": env.float("RETENTION_INTERVAL", default=86400.0)},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = env.str(

@@ -163,7 +163,8 @@ class CompensateForm(ConsoleForm):
 
 
 class RevealForm(ConsoleForm):
-    """Reveal one masked field (``tasks.reveal``) with a reason: from a checkpoint version, or the newest."""
+    """Reveal one masked field (``protection.reveal``) with a reason: from a checkpoint version, or the
+    newest."""
 
     field = forms.CharField(max_length=64, widget=forms.HiddenInput)
     state_version = forms.IntegerField(

@@ -1,6 +1,6 @@
 """The task page's legal hold: tenant admins place or lift it, everyone of the tenant sees it.
 
-While a hold is in force retention neither archives nor deletes the task (``tasks.retention``).
+While a hold is in force retention neither archives nor deletes the task (``protection.holds``).
 The panel (``{% legal_hold_panel %}``, ``console.templatetags.legal_hold``) shows the hold, its
 history and the archive date; its form posts here. The hold rows are the record of who placed or
 lifted one and why; the API twin is ``/api/tasks/{id}/legal-hold/``.
@@ -21,7 +21,8 @@ from django.views.decorators.http import require_POST
 
 from console.access import get_task_for_user
 from console.forms import ConsoleForm
-from tasks import retention, selectors
+from protection.holds import set_legal_hold
+from tasks import selectors
 from tasks.exceptions import TaskNotFound
 from tasks.models import Task
 from tenancy.models import Role
@@ -53,7 +54,7 @@ def task_legal_hold(request: HttpRequest, task_id: UUID) -> HttpResponse:
         return redirect("console:task", task_id=task.id)
     hold = form.cleaned_data["hold"]
     try:
-        changed = retention.set_legal_hold(
+        changed = set_legal_hold(
             task, hold=hold, by=request.user.get_username(), reason=form.cleaned_data["reason"]
         )
     except TaskNotFound:

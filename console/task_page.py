@@ -33,14 +33,16 @@ from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST, require_safe
 
 from approvals.models import ApprovalRequest
+from audit import sealing
 from audit.models import LeaseTakeover, TransitionEvent
 from console.access import can_operate, get_task_for_user
 from console.forms import DESTRUCTIVE, AnswerForm, CompensateForm, ControlForm, RerunForm, RevealForm
 from console.quarantine import BEFORE_RELEASE
 from ledger import integrity
 from ledger.models import Action
+from protection import retention, reveal
 from runtime import controls
-from tasks import checkpoints, compensation, registry, retention, reveal, sealing, selectors, services
+from tasks import checkpoints, compensation, registry, selectors, services
 from tasks.checkpoints import CheckpointUnreadable
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import CancelRequest, Checkpoint, Lease, Task
@@ -822,7 +824,7 @@ def task_compensate(request: HttpRequest, task_id: UUID) -> HttpResponse:
 @login_required
 @require_POST
 def task_reveal(request: HttpRequest, task_id: UUID) -> HttpResponse:
-    """Show one masked field in clear (``tasks.reveal.reveal_field``: operators and admins, recorded)."""
+    """Show one masked field in clear (``protection.reveal.reveal_field``: operators and admins, recorded)."""
     task = get_task_for_user(request.user, task_id)
     if not reveal.may_reveal(request.user, task):
         raise PermissionDenied

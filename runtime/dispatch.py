@@ -47,6 +47,7 @@ from opentelemetry import trace
 
 from approvals.digest import digest as approval_digest
 from approvals.models import ApprovalRequest, ApprovalStatus
+from audit import sealing
 from audit.chain import HASHED_FIELDS, LEGACY, OPTIONAL_HASHED_FIELDS, link_hash
 from audit.keys import chain_keys
 from audit.models import TransitionEvent
@@ -56,7 +57,7 @@ from ledger.connectors.base import OutcomeUnknown, Rejected
 from ledger.models import SENDABLE, Action, DispatchState
 from ledger.services import action_move
 from runtime import chaos, db
-from tasks import cancellation, checkpoints, leases, metrics, sealing
+from tasks import cancellation, checkpoints, leases, metrics
 from tasks.exceptions import LeaseLost, StaleEpoch, StaleVersion
 from tasks.leases import Held
 from tasks.models import Checkpoint, Lease, Task
@@ -78,7 +79,7 @@ class Claimed:
     action: Action
     lease: Held
     at: float
-    effect: dict[str, Any]  # the effect as it is sent: its sealed values opened (``tasks.sealing``)
+    effect: dict[str, Any]  # the effect as it is sent: its sealed values opened (``audit.sealing``)
 
 
 class EffectMismatch(Exception):

@@ -23,6 +23,7 @@ from django.utils import timezone
 from approvals import authority
 from approvals import services as approvals
 from approvals.models import ApprovalStatus
+from audit import sealing
 from audit.models import TransitionEvent
 from ledger import integrity, money, orphans
 from ledger.models import IN_DOUBT, SENDABLE, SETTLED_FAILED, SETTLED_OK, Action, DispatchState
@@ -30,7 +31,7 @@ from ledger.services import action_move
 from runtime import alerts, db, dispatch, evidence, llm, reconcile, validation
 from runtime.llm import Model, ModelUnavailable
 from runtime.models import AlertKind
-from tasks import cancellation, children, compensation, effect_keys, registry, sealing, services
+from tasks import cancellation, children, compensation, effect_keys, registry, services
 from tasks.checkpoints import Checkpoint, EvidenceRef, Progress, ToolCallRecord, as_fact
 from tasks.decisions import Decision, quarantine, retry_later
 from tasks.exceptions import StaleVersion

@@ -1039,8 +1039,8 @@ def _disagreements(
     tasks: list[Task], actions: list[Action], effects: list[Effect], performed: Counter[tuple[str, str, str]]
 ) -> tuple[list[str], int]:
     """Where the ledger and the sandbox disagree (and how many effects landed after being found absent)."""
+    from audit import sealing
     from ledger.models import SETTLED_FAILED, SETTLED_OK, DispatchState
-    from tasks import sealing
     from tasks.states import State
 
     by_key = {action.idempotency_key: action for action in actions}

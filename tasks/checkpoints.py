@@ -27,7 +27,7 @@ of the transition that wrote it records the same digest inside its chain hash.
 application is refused (and its task quarantined), never resumed from.
 
 Sealed facts: the facts a task type marks sensitive are stored as envelopes
-(``tasks.sealing``), each bound to its task, version and field. The digest is
+(``audit.sealing``), each bound to its task, version and field. The digest is
 taken over the body with each envelope's key id and token blanked
 (``sealing.blank``), and only that: rotating keys rewrites a body in place
 (``manage.py rotate_keys``) without changing the digest its audit event holds,
@@ -53,8 +53,8 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from audit import canonical
-from tasks import metrics, sealing, values
+from audit import canonical, sealing
+from tasks import metrics, values
 from tasks.states import State
 
 CODEC = "json/v1"

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from django.db import IntegrityError
 from django.db.models import QuerySet
 
+from audit import sealing
 from ledger.models import IN_DOUBT, SETTLED_OK, Action
-from tasks import registry, sealing, services
+from tasks import registry, services
 from tasks.checkpoints import CheckpointUnreadable, Scalar
 from tasks.exceptions import TransitionError
 from tasks.models import Archive, Task

@@ -279,7 +279,7 @@ class RuntimeConfig(models.Model):
         return f"{self.task_type}: {self.model_id} / {self.prompt_id} / {self.toolset_id}"
 
 
-# --- retention (tasks.retention; README, "Retention") ---------------------------------------------
+# --- retention (protection.retention; README, "Retention") ----------------------------------------
 
 
 class RetentionPolicy(models.Model):
@@ -312,7 +312,7 @@ class RetentionPolicy(models.Model):
     class Meta:
         verbose_name_plural = "retention policies"
         constraints = [
-            # tasks.retention.TenantRules reads a tenant's policies by this index.
+            # protection.retention.TenantRules reads a tenant's policies by this index.
             models.UniqueConstraint(fields=["tenant", "task_type"], name="retention_policy_once"),
             models.CheckConstraint(
                 condition=Q(archive_after_days__isnull=True) | Q(archive_after_days__gte=1),
@@ -343,7 +343,7 @@ class LegalHold(models.Model):
     One row per hold, kept when it is lifted: who placed it and why, who lifted it and why. The
     rows are the record of every hold (shown on the task page and by the API); on PostgreSQL a
     trigger (migration 0008) lets a row change only by being lifted, and leave only with its task
-    on the owner's retention path. Placed and lifted through ``tasks.retention.set_legal_hold``.
+    on the owner's retention path. Placed and lifted through ``protection.holds.set_legal_hold``.
     """
 
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="legal_holds")

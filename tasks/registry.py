@@ -20,8 +20,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, StringConstraints
 
+from audit import sealing
 from ledger.policy import MoneyPolicy
-from tasks import sealing
 
 ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 Facts = Mapping[str, Any]
@@ -121,7 +121,7 @@ class Dispatch(Step):
     on_rejected: str = ""
     compensates: str = ""
     approval: str = ""  # the RequestApproval step whose approval this effect needs
-    # Keys of the effect that carry sensitive facts: sealed in the ledger row (``tasks.sealing``),
+    # Keys of the effect that carry sensitive facts: sealed in the ledger row (``audit.sealing``),
     # opened only to send it. The task type checks at registration that none is forgotten.
     sensitive: frozenset[str] = frozenset()
     # Money policy (``ledger.money.MoneyPolicy``): limits per currency, running totals per requester
@@ -213,7 +213,7 @@ class TaskType:
     # Facts and input fields holding personal or payment data (a card, an e-mail, a free-text answer):
     # sealed in every checkpoint, masked on every page and API answer until someone entitled reveals
     # one, and masked before a model sees the facts — except those named in ``model_sees``.
-    # The one declaration of what is sensitive (``tasks.sealing``); each Dispatch names its effect keys.
+    # The one declaration of what is sensitive (``audit.sealing``); each Dispatch names its effect keys.
     sensitive: frozenset[str] = frozenset()
     model_sees: frozenset[str] = frozenset()
 

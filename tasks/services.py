@@ -2,7 +2,7 @@
 operator controls. Nothing here assigns ``state`` directly.
 
 Sealed columns: what a task's own rows keep of its type's sensitive fields
-(``TaskType.sensitive``) is sealed where it is written (``tasks.sealing``),
+(``TaskType.sensitive``) is sealed where it is written (``audit.sealing``),
 each value bound to the task and the column — and row — holding it: the
 task's ``input`` and ``outcome``, an input answer's ``payload``, an external
 event's ``payload``. Idempotency compares digests of the clear values
@@ -10,7 +10,7 @@ event's ``payload``. Idempotency compares digests of the clear values
 differ at every sealing. The values are opened only where they are used:
 ``task_input`` (a rerun, a reveal), ``event_payload`` (the engine taking an
 early event's value as a fact). A completed task's outcome is only ever
-shown, masked (``tasks.reveal``).
+shown, masked (``protection.reveal``).
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 from pydantic import ValidationError
 
-from audit import canonical
+from audit import canonical, sealing
 from audit.chain import link_problem
 from audit.keys import chain_keys
 from audit.models import TransitionEvent
 from audit.verify import keyed_since
 from ledger import integrity
-from tasks import checkpoints, doorbell, hotpath, metrics, registry, sealing
+from tasks import checkpoints, doorbell, hotpath, metrics, registry
 from tasks.checkpoints import Scalar
 from tasks.exceptions import StaleVersion, TransitionError, TransitionNotAllowed
 from tasks.leases import Held

@@ -36,13 +36,14 @@ from django.db.models import Case, Q, Value, When
 from django.utils import timezone
 from opentelemetry import trace
 
+from audit import sealing
 from audit.chain import GENESIS
 from audit.keys import chain_link
 from audit.models import TransitionEvent
 from audit.redaction import redact
 from ledger import integrity, keys
 from ledger.models import Action
-from tasks import audit_paths, checkpoints, effect_keys, hooks, hotpath, metrics, registry, sealing
+from tasks import audit_paths, checkpoints, effect_keys, hooks, hotpath, metrics, registry
 from tasks.exceptions import LeaseLost, StaleEpoch, StaleVersion, TaskNotFound, TransitionNotAllowed
 from tasks.leases import Held
 from tasks.models import CancelRequest, CancelScope, Checkpoint, ExternalEvent, Task

@@ -5,8 +5,9 @@ import pkgutil
 
 from django.apps import AppConfig
 
+from audit import sealing
 from audit.redaction import register_sensitive_fields
-from tasks import registry, sealing
+from tasks import registry
 
 # Field names kept out of the log and audit redaction however a task type marks them. Redaction masks
 # the value after ``<name>=`` or ``<name>:`` in every log line, span attribute and audit reason, and

@@ -3,7 +3,7 @@
 GET: whether a hold is in force, every hold the task had, and when retention archived it; any role
 of the task's tenant (a token needs ``read``). POST ``{"hold": true|false, "reason": "…"}``: tenant
 admins only (403 for every other role, 404 for another tenant's task; a token needs ``operate``).
-While a hold is in force retention neither archives nor deletes the task (``tasks.retention``).
+While a hold is in force retention neither archives nor deletes the task (``protection.holds``).
 The hold rows themselves are the record of who placed or lifted one, when and why.
 """
 
@@ -20,7 +20,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.serializers import storable
-from tasks import retention, selectors
+from protection.holds import set_legal_hold
+from tasks import selectors
 from tasks.exceptions import TaskNotFound
 from tasks.models import Archive, LegalHold, Task
 from tenancy.models import Role, Scope
@@ -93,7 +94,7 @@ class TaskLegalHoldApi(APIView):
         body = self.HoldInput(data=request.data)
         body.is_valid(raise_exception=True)
         try:
-            changed = retention.set_legal_hold(
+            changed = set_legal_hold(
                 task,
                 hold=body.validated_data["hold"],
                 by=request.user.get_username(),

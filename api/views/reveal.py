@@ -1,6 +1,6 @@
 """POST /api/tasks/{id}/reveal/ — the clear value of one sensitive field, to those entitled, recorded.
 
-Every other answer shows sensitive fields masked (``tasks.reveal``). This one
+Every other answer shows sensitive fields masked (``protection.reveal``). This one
 asks for one field on purpose: operators and admins of the task's tenant only
 (403 for auditors and approvers, 404 for another tenant's task), and each
 reveal is an access event naming the task, field and version.
@@ -19,7 +19,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.serializers import storable
-from tasks import reveal, selectors
+from protection import reveal
+from tasks import selectors
 from tenancy.models import Scope
 
 MAX_VERSION = 2**31 - 1

@@ -26,7 +26,7 @@ from audit.keys import current_chain_key
 from audit.models import AnchorRequest, Tombstone, TransitionEvent
 from audit.tombstones import SEALED_FIELDS
 from audit.verify import KEYED_MIGRATION, SIGNED_TOMBSTONES_MIGRATION
-from tasks import retention
+from protection import retention
 from tasks.models import Task
 from tasks.states import ActorKind, State, Trigger
 from tasks.transitions import Actor, advance

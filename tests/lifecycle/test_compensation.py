@@ -15,8 +15,9 @@ from approvals.models import ApprovalRequest
 from approvals.services import ApprovalRefused, approval_decide
 from demo.sandbox.models import Effect, Fault
 from ledger.models import Action, DispatchState
+from protection import retention
 from runtime import controls
-from tasks import compensation, registry, retention, services
+from tasks import compensation, registry, services
 from tasks.exceptions import TransitionNotAllowed
 from tasks.models import Task
 from tasks.states import State

@@ -18,11 +18,12 @@ from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
+from audit import sealing
 from demo.sandbox.models import Effect
 from ledger.models import Action
 from runtime import runner
 from runtime.llm import ScriptedModel
-from tasks import checkpoints, registry, sealing, services
+from tasks import checkpoints, registry, services
 from tasks.models import Checkpoint, Task
 from tasks.registry import Complete, Dispatch, TaskType
 from tasks.states import ActorKind, State

@@ -26,15 +26,17 @@ from django.test import Client
 from django.utils import timezone
 
 from approvals.models import ApprovalDecision, ApprovalRequest
+from audit import sealing
 from audit.anchor import write_anchor
 from audit.models import Tombstone, TransitionEvent
 from ledger.models import Action
-from tasks import checkpoints, retention, sealing, services
+from protection import holds, retention
+from protection.workers import run_retention
+from tasks import checkpoints, services
 from tasks.ids import uuid7
 from tasks.models import Archive, Checkpoint, ExternalEvent, LegalHold, RetentionPolicy, Task, TaskInput
 from tasks.states import State, Trigger
 from tasks.transitions import ActionIntent, Actor, advance
-from tasks.workers import run_retention
 from tenancy.services import token_create
 from tests.audit.owner import delete_task
 from tests.audit.test_tamper import app_role, refused, verify_against  # noqa: F401 (app_role: a fixture)
@@ -193,7 +195,7 @@ def mix(acme, globex, approver, settings) -> Mix:
     _ago(running, 900)
     t["running_old"] = running
     t["held"] = ended(acme, State.FAILED, 500, approver=approver)
-    retention.set_legal_hold(t["held"], hold=True, by="acme-admin", reason="litigation 2026-17")
+    holds.set_legal_hold(t["held"], hold=True, by="acme-admin", reason="litigation 2026-17")
     # a failed task whose rerun still runs: kept (the rerun refers to it), archived instead
     t["rerun_base"] = ended(acme, State.FAILED, 300)
     t["rerun_live"] = make_task(acme, rerun_of=t["rerun_base"])
@@ -408,7 +410,7 @@ def test_a_batch_holding_a_task_that_has_not_ended_is_refused_whole(mix):
 def test_a_hold_placed_after_the_plan_is_respected_by_the_run(mix, admin_user):
     task = mix.tasks["old"]
     rules = retention.TenantRules(task.tenant)
-    retention.set_legal_hold(task, hold=True, by="acme-admin", reason="subpoena")
+    holds.set_legal_hold(task, hold=True, by="acme-admin", reason="subpoena")
     assert retention.delete_tasks([task.id], rules, timezone.now()) == 0
     assert retention.archive_tasks([task.id], rules, timezone.now()) == 0
     assert Task.objects.filter(pk=task.pk).exists() and not Archive.objects.filter(task=task).exists()
@@ -416,7 +418,7 @@ def test_a_hold_placed_after_the_plan_is_respected_by_the_run(mix, admin_user):
 
 def test_lifting_the_hold_lets_retention_take_the_task(mix, capsys):
     held = mix.tasks["held"]
-    assert retention.set_legal_hold(held, hold=False, by="acme-admin", reason="case closed")
+    assert holds.set_legal_hold(held, hold=False, by="acme-admin", reason="case closed")
     out, _ = command("--dry-run", "--list", capsys=capsys)
     assert held.id in listed(out)["delete"]
     hold = LegalHold.objects.get(task=held)

@@ -17,9 +17,10 @@ from cryptography.fernet import Fernet
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from audit import sealing
 from audit.models import TransitionEvent
 from ledger.models import Action
-from tasks import checkpoints, registry, sealing, services
+from tasks import checkpoints, registry, services
 from tasks.models import Checkpoint, Task
 from tasks.states import State
 from tasks.transitions import ActionIntent, Actor, advance
@@ -169,6 +170,27 @@ def test_a_batch_that_fails_halfway_is_rolled_back_whole_and_the_next_run_finish
     monkeypatch.setattr(sealing, "rotate_text", real)
     rotate("--batch-size", "10")
     assert (under("old"), under("new")) == (0, 30)
+
+
+def test_a_batch_whose_rewrite_would_change_a_checkpoint_digest_is_refused_and_writes_nothing(
+    acme, settings, monkeypatch
+):
+    settings.FIELD_ENCRYPTION_KEYS = OLD
+    digests = seed(make_task(acme), 4)
+    settings.FIELD_ENCRYPTION_KEYS = f"{NEW},{OLD}"
+    real = sealing.rotate_text
+
+    def also_touches_other_bytes(text, ring):
+        rotated = real(text, ring)
+        rotated.value += " "  # outside every envelope: bytes the digest covers
+        return rotated
+
+    monkeypatch.setattr(sealing, "rotate_text", also_touches_other_bytes)
+    with pytest.raises(CommandError, match="would change a checkpoint's digest: nothing written"):
+        rotate("--batch-size", "10")
+
+    assert (under("old"), under("new")) == (5, 0)
+    assert dict(Checkpoint.objects.values_list("state_version", "digest")) == digests
 
 
 def test_dry_run_counts_fields_per_key_and_changes_nothing(acme, settings):

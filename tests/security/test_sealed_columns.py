@@ -24,10 +24,11 @@ from django.test import Client
 
 from approvals.digest import digest
 from approvals.models import ApprovalRequest
+from audit import sealing
 from audit.redaction import redact, sensitive_fields
 from console.quarantine import BEFORE_RELEASE
 from runtime import runner
-from tasks import sealing, services
+from tasks import services
 from tasks.models import ExternalEvent, Task, TaskInput
 from tasks.states import ActorKind, State, Trigger
 from tasks.transitions import Actor, advance

@@ -1,24 +1,16 @@
 """manage.py rotate_keys [--batch-size N] [--max-batches N] [--dry-run]
 
-Re-seals every sealed field (``tasks.sealing``) that is not under the first key
-of ``FIELD_ENCRYPTION_KEYS``, wherever one is kept: checkpoints
-(``Checkpoint.body``), the ledger's action effects (``Action.effect``), the
-task's ``input`` and ``outcome``, input answers (``TaskInput.payload``),
-external events (``ExternalEvent.payload``), and the JSON columns the apps
-above register (``sealing.register_json_column``: the approval requests'
-``consequential`` and ``material``). The usual rotation: put the new key first
+Re-seals every sealed field (``audit.sealing``) that is not under the first key
+of ``FIELD_ENCRYPTION_KEYS``, wherever one is kept (``protection.rotation.tables``:
+checkpoints, action effects, task input and outcome, answers, events, and the
+columns the apps above register). The usual rotation: put the new key first
 and keep the old one after it, deploy, run this, then remove the old key.
 
 1. Count the rows holding an envelope under another key (one scan per table).
-2. Walk them in id order, one batch per transaction: lock the batch's rows,
-   re-seal, write back that one column and nothing else (an append-only
-   trigger on checkpoints allows only ``body`` to change; tasks, answers,
-   events and approval requests have no trigger on UPDATE). A checkpoint's
-   digest is over its body with the envelopes blanked, so it — and the audit
-   event that recorded it — stays the same; every row is checked for that
-   before it is written. Digests of the other columns (a task's
-   ``request_digest``, an answer's ``payload_digest``, an approval's
-   ``digest``) are of the clear values, which re-sealing does not change.
+2. Walk them in id order, one batch per transaction
+   (``protection.rotation.rotate_batch``): lock the batch's rows, re-seal,
+   write back that one column and nothing else; checkpoint digests, and so
+   the audit chain, stay the same.
 3. Report progress on stderr after each batch (rows, rate, time left), and a
    summary on stdout.
 
@@ -42,88 +34,12 @@ import signal
 import time
 from argparse import ArgumentParser
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, OutputWrapper
-from django.db import models, transaction
-from django.db.models.functions import Cast
 
-from ledger.models import Action
-from tasks import checkpoints, sealing
-from tasks.models import Checkpoint, ExternalEvent, Task, TaskInput
-
-
-def _not_under(primary: str) -> str:
-    """A regex (PostgreSQL ARE and Python alike) for JSON text holding an envelope under another key
-    (an erased value is under none, and stays as it is).
-
-    Key ids are letters, digits, '_' and '-' (``sealing.KEY_ID``): nothing in one needs escaping.
-    """
-    return r'"\$sealed":\s*"(?!(' + primary + "|" + sealing.ERASED + ')")'
-
-
-@dataclass
-class Table:
-    """One place sealed values live: how to find its rows, and how to re-seal one."""
-
-    label: str
-    model: type[models.Model]
-    column: str
-    pending: Callable[[str], models.QuerySet[Any]]  # rows with an envelope under another key than this
-    sealed: Callable[[], models.QuerySet[Any]]  # rows with any envelope
-    rotate: Callable[[Any, sealing.Keyring], sealing.Rotated]
-    key_ids: Callable[[Any], Counter[str]]
-
-
-def _checkpoint_rotated(body: str, ring: sealing.Keyring) -> sealing.Rotated:
-    result = sealing.rotate_text(body, ring)
-    if result.changed and checkpoints.digest(result.value) != checkpoints.digest(body):
-        # Cannot happen with envelopes as this code writes them; never write a body its chain would refuse.
-        raise CommandError("re-sealing would change a checkpoint's digest: nothing written")
-    return result
-
-
-def json_table(label: str, model: type[models.Model], column: str) -> Table:
-    """A JSON column holding envelopes anywhere inside it, found by its text (one scan of the table)."""
-
-    def as_text() -> models.QuerySet[Any]:
-        return model._default_manager.alias(sealed_text=Cast(column, models.TextField()))
-
-    return Table(
-        label,
-        model,
-        column,
-        pending=lambda primary: as_text().filter(sealed_text__regex=_not_under(primary)),
-        sealed=lambda: as_text().filter(sealed_text__contains=f'"{sealing.MARK}"'),
-        rotate=sealing.rotate_all,
-        key_ids=sealing.key_ids,
-    )
-
-
-CHECKPOINTS = Table(
-    "checkpoints",
-    Checkpoint,
-    "body",
-    pending=lambda primary: Checkpoint.objects.filter(body__regex=_not_under(primary)),
-    sealed=lambda: Checkpoint.objects.filter(body__contains=f'"{sealing.MARK}"'),
-    rotate=_checkpoint_rotated,
-    key_ids=sealing.key_ids_in_text,
-)
-
-
-def tables() -> list[Table]:
-    """Every place sealed values live, this layer's and below first, then those the apps registered."""
-    return [
-        CHECKPOINTS,
-        json_table("actions", Action, "effect"),
-        json_table("task inputs", Task, "input"),
-        json_table("task outcomes", Task, "outcome"),
-        json_table("answers", TaskInput, "payload"),
-        json_table("events", ExternalEvent, "payload"),
-        *(json_table(label, model, column) for label, (model, column) in sealing.json_columns().items()),
-    ]
+from audit import sealing
+from protection.rotation import RotationRefused, Table, Tally, count_keys, pending_rows, rotate_batch, tables
 
 
 class Bar:
@@ -153,13 +69,6 @@ class Bar:
         if self.live:
             self.stream.write("")  # ends the line redrawn in place
             self.stream.flush()
-
-
-@dataclass
-class Tally:
-    rows: int = 0
-    resealed: Counter[str] = field(default_factory=Counter)
-    left: Counter[str] = field(default_factory=Counter)
 
 
 class Command(BaseCommand):
@@ -201,35 +110,22 @@ class Command(BaseCommand):
     def _rotate(
         self, table: Table, ring: sealing.Keyring, batch_size: int, budget: int | None
     ) -> tuple[Tally, int | None]:
-        """Re-seal ``table``'s pending rows batch by batch; returns its tally and the batches left.
-
-        Each batch is a keyset page by id, read with its rows locked and written back in one
-        transaction: it commits whole, or (an error, a crash) not at all.
-        """
-        pending = table.pending(ring.primary).order_by("pk").only("pk", table.column)
+        """Re-seal ``table``'s pending rows batch by batch; returns its tally and the batches left."""
         tally = Tally()
-        total = pending.count()
+        total = pending_rows(table, ring).count()
         if not total:
             return tally, budget
         bar = Bar(self.stderr, table.label, total)
         done, last = 0, 0
         while not self.stopping and budget != 0:
-            with transaction.atomic():
-                rows = list(pending.filter(pk__gt=last).select_for_update()[:batch_size])
-                if not rows:
-                    break
-                changed = []
-                for row in rows:
-                    result = table.rotate(getattr(row, table.column), ring)
-                    tally.left.update(result.left)
-                    if result.changed:
-                        setattr(row, table.column, result.value)
-                        tally.resealed.update(result.resealed)
-                        changed.append(row)
-                table.model._default_manager.bulk_update(changed, [table.column])  # that column only
-            tally.rows += len(changed)
-            done += len(rows)
-            last = rows[-1].pk
+            try:
+                read = rotate_batch(table, ring, after=last, size=batch_size, tally=tally)
+            except RotationRefused as exc:
+                raise CommandError(str(exc)) from None
+            if not read:
+                break
+            done += len(read)
+            last = read[-1]
             bar.show(done, sum(tally.resealed.values()))
             if budget is not None:
                 budget -= 1
@@ -260,16 +156,7 @@ class Command(BaseCommand):
     # --- dry run ----------------------------------------------------------------------------------
 
     def _count(self, table: Table, ring: sealing.Keyring) -> None:
-        fields: Counter[str] = Counter()
-        rows: Counter[str] = Counter()
-        last = 0
-        sealed = table.sealed().order_by("pk").only("pk", table.column)
-        while batch := list(sealed.filter(pk__gt=last)[:2000]):
-            for row in batch:
-                found = table.key_ids(getattr(row, table.column))
-                fields.update(found)
-                rows.update(found.keys())
-            last = batch[-1].pk
+        fields, rows = count_keys(table)
         self.stdout.write(f"{table.label}: {sum(fields.values())} sealed fields")
         for key_id in sorted(fields):
             if key_id == ring.primary:

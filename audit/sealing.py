@@ -428,9 +428,9 @@ def rotate_all(value: Any, ring: Keyring) -> Rotated:
 
 # --- JSON columns of the layers above ------------------------------------------------------------------
 
-# JSON columns of apps above this layer that hold sealed values, by label: ``manage.py rotate_keys``
-# re-seals them with this layer's own. Each app names its columns when it is ready
-# (``approvals.apps``), since nothing here may import its models.
+# JSON columns of apps above the kernel that hold sealed values, by label: ``manage.py rotate_keys``
+# (``protection.rotation``) re-seals them with the kernel's and the ledger's own. Each app names its
+# columns when it is ready (``approvals.apps``), since nothing here may import its models.
 _JSON_COLUMNS: dict[str, tuple[type[Model], str]] = {}
 
 

@@ -9,7 +9,7 @@ self-loops, which leave it alone).
 What is never touched: a task that has not ended (the candidate query selects terminal tasks
 only, and every batch checks each locked row again and refuses the whole batch if one is not:
 ``RetentionRefused``), and a task under a legal hold (``LegalHold`` in force; placed and lifted
-by tenant admins with ``set_legal_hold``).
+by tenant admins: ``protection.holds``).
 
 Archiving a task erases what it no longer needs and keeps the evidence:
 
@@ -67,13 +67,14 @@ from django.db.models import Exists, OuterRef, Q
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from audit import sealing
 from audit.models import AnchorRequest, Tombstone
 from audit.tombstones import make_tombstone, retention_path
 from audit.verify import keyed_since
-from tasks import checkpoints, registry, sealing, services
+from protection.holds import holds_in_force
+from tasks import checkpoints, registry, services
 from tasks.audit_paths import verify_chain
-from tasks.exceptions import TaskNotFound
-from tasks.models import Archive, Checkpoint, ExternalEvent, LegalHold, RetentionPolicy, Task
+from tasks.models import Archive, Checkpoint, ExternalEvent, RetentionPolicy, Task
 from tasks.states import TERMINAL
 from tenancy.models import Tenant
 
@@ -169,33 +170,6 @@ def verdict(rule: Rule, ended_at: datetime, *, archived: bool, now: datetime) ->
 
 def _archive_due(rule: Rule, ended_at: datetime, *, archived: bool, now: datetime) -> bool:
     return not archived and _before(ended_at, rule.cutoff(ARCHIVE, now))
-
-
-# --- legal holds ---------------------------------------------------------------------------------------
-
-
-def holds_in_force() -> models.QuerySet[LegalHold]:
-    return LegalHold.objects.filter(lifted_at__isnull=True)
-
-
-def set_legal_hold(task: Task, *, hold: bool, by: str, reason: str) -> bool:
-    """Place (``hold``) or lift the legal hold on ``task``; True when that changed anything.
-
-    Placing a hold on a held task, or lifting one from a task without, changes nothing. The task
-    row is locked first, as retention locks it before deciding, so a hold placed while a run is
-    deciding is either seen by it or waits for it. Raises ``TaskNotFound`` when the task is gone.
-    """
-    now = timezone.now()
-    with transaction.atomic():
-        if not Task.objects.select_for_update().filter(pk=task.pk).exists():
-            raise TaskNotFound(f"task {task.pk} does not exist")
-        in_force = holds_in_force().filter(task_id=task.pk)
-        if hold:
-            if in_force.exists():
-                return False
-            LegalHold.objects.create(task_id=task.pk, placed_by=by, reason=reason, placed_at=now)
-            return True
-        return in_force.update(lifted_by=by, lift_reason=reason, lifted_at=now) == 1
 
 
 # --- the plan ------------------------------------------------------------------------------------------

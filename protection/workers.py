@@ -1,4 +1,4 @@
-"""Celery entry points of the tasks app (beat: ``retention`` in ``CELERY_BEAT_SCHEDULE``)."""
+"""Celery entry points of data protection (beat: ``retention`` in ``CELERY_BEAT_SCHEDULE``)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import logging
 
 from celery import shared_task
 
-from tasks import retention
+from protection import retention
 
 logger = logging.getLogger(__name__)
 
 
+# The name it had in the kernel: beat schedules and queued messages already name it.
 @shared_task(name="tasks.retention")
 def run_retention() -> str:
     """Archive and delete what the retention policies make due (``manage.py retention``'s function).

@@ -1,6 +1,6 @@
 """manage.py retention [--dry-run] [--list] [--tenant SLUG] [--batch-size N]
 
-Archives and deletes ended tasks as their tenants' retention policies say (``tasks.retention``;
+Archives and deletes ended tasks as their tenants' retention policies say (``protection.retention``;
 README, "Retention"). Beat runs the same function daily (``RETENTION_INTERVAL``).
 
 1. Per tenant, then per page of ``--batch-size`` candidates: decide (archive, delete, keep).
@@ -24,7 +24,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from tasks import retention
+from protection import retention
 from tenancy.models import Tenant
 
 COLUMNS = ("archive", "delete", "held", "kept", "awaiting_owner")

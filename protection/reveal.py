@@ -1,7 +1,7 @@
 """Sensitive fields as people see them: masked everywhere, and revealed one at a time on purpose.
 
 What is sensitive is the task type's declaration (``TaskType.sensitive``, see
-``tasks.sealing``). Every surface — the console's task page, the API's task,
+``audit.sealing``). Every surface — the console's task page, the API's task,
 checkpoint and action answers — shows those fields masked through the
 functions here. Revealing one is a separate, explicit request: only the
 tenant's operators and admins may make it (``REVEAL_ROLES``: they act on the
@@ -19,17 +19,19 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, Subquery
 
+from audit import sealing
 from audit.models import TransitionEvent
-from tasks import checkpoints, registry, sealing, selectors, services
+from tasks import checkpoints, registry, services
 from tasks.models import Checkpoint, Task
 from tenancy.models import AccessEvent, Role
+from tenancy.selectors import roles_by_tenant
 from tenancy.services import record_access
 
 REVEAL_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
 
 
 def may_reveal(user: Any, task: Task) -> bool:
-    return bool(selectors.roles_in(user, task) & REVEAL_ROLES)
+    return bool(roles_by_tenant(user).get(task.tenant_id, frozenset()) & REVEAL_ROLES)
 
 
 # --- masked views ------------------------------------------------------------------------------------
