@@ -17,7 +17,8 @@ from approvals.models import ApprovalRequest, ApprovalStatus
 from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS
 from audit.models import LeaseTakeover, TransitionEvent
 from ledger.models import Action
-from tasks import checkpoints, compensation, registry, retention, reveal, sealing, selectors, values
+from reads import task_detail, visibility
+from tasks import checkpoints, compensation, registry, retention, reveal, sealing, values
 from tasks.models import CancelRequest, Checkpoint, Lease, Task
 from tasks.states import State
 from tenancy.models import Tenant
@@ -154,7 +155,7 @@ class TaskDetail(TaskSummary):
         ]
 
     def get_ledger(self, task: Task) -> dict[str, int]:
-        return selectors.ledger_summary(task)
+        return task_detail.ledger_summary(task)
 
     def get_reruns(self, task: Task) -> list[str]:
         """Ids of the tasks started to run this one again, oldest first (``rerun_of``'s FK index)."""
@@ -205,7 +206,7 @@ class TaskDetail(TaskSummary):
         return None if action is None else {"task": str(action.task_id), "action": action.idempotency_key}
 
     def get_allowed_transitions(self, task: Task) -> list[dict[str, str]]:
-        return selectors.allowed_moves(self.context["request"].user, task)
+        return visibility.allowed_moves(self.context["request"].user, task)
 
     def to_representation(self, instance: Task) -> dict[str, Any]:
         data: dict[str, Any] = super().to_representation(instance)

@@ -39,6 +39,8 @@ from console.forms import DESTRUCTIVE, AnswerForm, CompensateForm, ControlForm, 
 from console.quarantine import BEFORE_RELEASE
 from ledger import integrity
 from ledger.models import Action
+from reads import visibility
+from reads.task_detail import ledger_summary
 from runtime import controls
 from tasks import checkpoints, compensation, registry, retention, reveal, sealing, selectors, services
 from tasks.checkpoints import CheckpointUnreadable
@@ -512,7 +514,7 @@ def _control_forms(
 ) -> list[dict[str, Any]]:
     if not can_operate(request.user, task):
         return []
-    triggers = {move["trigger"] for move in selectors.allowed_moves(request.user, task)}
+    triggers = {move["trigger"] for move in visibility.allowed_moves(request.user, task)}
     offered = [name for name, trigger in controls.CONTROLS.items() if trigger in triggers]
     forms = []
     for name in offered:
@@ -583,7 +585,7 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
     )
     stuck = Task.objects.filter(pk=task.pk).filter(selectors.stuck_condition(now)).exists()
     lease = Lease.objects.filter(task=task, expires_at__gt=now).first()
-    ledger = selectors.ledger_summary(task)
+    ledger = ledger_summary(task)
     in_doubt = sum(n for state, n in ledger.items() if state in ("intended", "dispatching", "unknown"))
     checkpoint_context = _checkpoint_context(task, request.GET)
     latest_point: Shown | None = checkpoint_context["latest_checkpoint"]

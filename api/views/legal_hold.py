@@ -20,6 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.serializers import storable
+from reads import visibility
 from tasks import retention, selectors
 from tasks.exceptions import TaskNotFound
 from tasks.models import Archive, LegalHold, Task
@@ -72,7 +73,7 @@ class TaskLegalHoldApi(APIView):
 
     @extend_schema(operation_id="tasks_legal_hold_read", responses={200: STATUS, 404: OpenApiResponse()})
     def get(self, request: Request, task_id: UUID) -> Response:
-        return Response(_status(selectors.get_visible_task(request.user, task_id)))
+        return Response(_status(visibility.get_visible_task(request.user, task_id)))
 
     @extend_schema(
         operation_id="tasks_legal_hold",
@@ -87,7 +88,7 @@ class TaskLegalHoldApi(APIView):
         },
     )
     def post(self, request: Request, task_id: UUID) -> Response:
-        task = selectors.get_visible_task(request.user, task_id)
+        task = visibility.get_visible_task(request.user, task_id)
         if Role.ADMIN not in selectors.roles_in(request.user, task):
             raise PermissionDenied("A legal hold is placed or lifted by an admin of the task's tenant.")
         body = self.HoldInput(data=request.data)

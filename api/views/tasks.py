@@ -25,9 +25,11 @@ from api.pagination import ByVersion, NewestFirst, OldestFirst, Pages
 from api.serializers import ActionOut, CheckpointOut, DeliveryOut, EventOut, TaskDetail, TaskSummary, storable
 from audit.models import TransitionEvent
 from ledger.models import Action
+from reads import queue, visibility
 from runtime import controls
-from tasks import compensation, registry, selectors, services
+from tasks import compensation, registry, services
 from tasks.models import Checkpoint, Task
+from tasks.selectors import roles_in
 from tasks.states import ActorKind, State
 from tasks.transitions import Actor
 from tenancy.models import ApiToken, Role, Scope, Tenant
@@ -90,15 +92,15 @@ class TaskCollectionApi(APIView):
             OpenApiParameter("region", str),
             OpenApiParameter("escalated", str, enum=["true", "false"]),
             OpenApiParameter("reason", str, description="Reason code of the state or the outcome"),
-            OpenApiParameter("age", str, enum=list(selectors.AGES), description="In the state for over"),
+            OpenApiParameter("age", str, enum=list(queue.AGES), description="In the state for over"),
             OpenApiParameter("cursor", str),
             OpenApiParameter("page_size", int),
         ],
         responses={200: TaskSummary(many=True), 400: OpenApiResponse(description="Bad filter or cursor")},
     )
     def get(self, request: Request) -> Response:
-        filters = selectors.TaskFilter(
-            request.query_params, queryset=selectors.visible_tasks(request.user), request=request
+        filters = queue.TaskFilter(
+            request.query_params, queryset=visibility.visible_tasks(request.user), request=request
         )
         if not filters.is_valid():
             raise ValidationError(filters.errors)
@@ -171,7 +173,7 @@ class TaskCollectionApi(APIView):
 class TaskDetailApi(APIView):
     @extend_schema(operation_id="tasks_retrieve", responses={200: TaskDetail, 404: OpenApiResponse()})
     def get(self, request: Request, task_id: UUID) -> Response:
-        task = selectors.get_visible_task(request.user, task_id)
+        task = visibility.get_visible_task(request.user, task_id)
         return Response(TaskDetail(task, context={"request": request}).data)
 
 
@@ -186,7 +188,7 @@ class _TaskHistoryApi(APIView):
         return self.model._default_manager.filter(task=task)
 
     def get(self, request: Request, task_id: UUID) -> Response:
-        task = selectors.get_visible_task(request.user, task_id)
+        task = visibility.get_visible_task(request.user, task_id)
         pages = self.pages()
         page = pages.paginate_queryset(self.rows(task), request, view=self)
         return pages.get_paginated_response(self.output(page, many=True, context={"task": task}).data)
@@ -279,8 +281,8 @@ class TaskControlApi(APIView):
         },
     )
     def post(self, request: Request, task_id: UUID) -> Response:
-        task = selectors.get_visible_task(request.user, task_id)
-        roles = selectors.roles_in(request.user, task)
+        task = visibility.get_visible_task(request.user, task_id)
+        roles = roles_in(request.user, task)
         if not roles & {Role.OPERATOR, Role.ADMIN}:
             raise PermissionDenied("Operator controls need the operator or admin role in this tenant.")
         body = self.ControlInput(data=request.data)
@@ -329,8 +331,8 @@ class TaskRerunApi(APIView):
         },
     )
     def post(self, request: Request, task_id: UUID) -> Response:
-        task = selectors.get_visible_task(request.user, task_id)
-        if not selectors.roles_in(request.user, task) & {Role.OPERATOR, Role.ADMIN}:
+        task = visibility.get_visible_task(request.user, task_id)
+        if not roles_in(request.user, task) & {Role.OPERATOR, Role.ADMIN}:
             raise PermissionDenied("Rerunning a task needs the operator or admin role in its tenant.")
         body = self.RerunInput(data=request.data)
         body.is_valid(raise_exception=True)
@@ -382,8 +384,8 @@ class TaskCompensateApi(APIView):
         },
     )
     def post(self, request: Request, task_id: UUID) -> Response:
-        task = selectors.get_visible_task(request.user, task_id)
-        if not selectors.roles_in(request.user, task) & {Role.OPERATOR, Role.ADMIN}:
+        task = visibility.get_visible_task(request.user, task_id)
+        if not roles_in(request.user, task) & {Role.OPERATOR, Role.ADMIN}:
             raise PermissionDenied(
                 "Compensating an effect needs the operator or admin role in the task's tenant."
             )
@@ -422,7 +424,7 @@ def _delivery_response(request: Request, delivery: services.Delivery) -> Respons
 
 def _integrator(request: Request, task: Task) -> Actor:
     """Feeding a task input and events needs the operator, admin or integrator role in its tenant."""
-    if not selectors.roles_in(request.user, task) & set(FEED_ROLES):
+    if not roles_in(request.user, task) & set(FEED_ROLES):
         raise PermissionDenied("Feeding a task needs the operator, admin or integrator role in its tenant.")
     return Actor.user(request.user, ActorKind.INTEGRATOR)
 
@@ -457,7 +459,7 @@ class TaskInputApi(APIView):
         responses=FEED_RESPONSES,
     )
     def post(self, request: Request, task_id: UUID) -> Response:
-        task = selectors.get_visible_task(request.user, task_id)
+        task = visibility.get_visible_task(request.user, task_id)
         actor = _integrator(request, task)
         body = self.AnswerInput(data=request.data)
         body.is_valid(raise_exception=True)
@@ -498,7 +500,7 @@ class TaskExternalEventApi(APIView):
         responses=FEED_RESPONSES,
     )
     def post(self, request: Request, task_id: UUID) -> Response:
-        task = selectors.get_visible_task(request.user, task_id)
+        task = visibility.get_visible_task(request.user, task_id)
         actor = _integrator(request, task)
         body = self.EventInput(data=request.data)
         body.is_valid(raise_exception=True)
