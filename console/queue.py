@@ -17,7 +17,6 @@ from django.utils import timezone
 from audit import export
 from reads import queue, visibility
 from reads.quarantine import QuarantineCursor as AgeCursor  # (state_entered_at, id), ascending
-from tasks.leases import live_lease_exists
 from tasks.models import Task
 from tasks.states import State
 from tenancy.selectors import tenant_ids_for
@@ -70,11 +69,7 @@ def page(tasks: QuerySet[Task], params: QueryDict, *, size: int) -> QueuePage:
         except ValueError:  # absent or mangled cursor: the first page
             before = None
         ordered = (tasks.filter(id__lt=before) if before else tasks).order_by("-id")
-    rows = list(
-        ordered.select_related("tenant")
-        .defer("input", "outcome")  # large JSON the list never shows
-        .annotate(leased=live_lease_exists(timezone.now()))[: size + 1]
-    )
+    rows = list(queue.queue_rows(ordered)[: size + 1])
     next_query = ""
     if len(rows) > size:
         last = rows[size - 1]

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from reads.quarantine import quarantine_code
 from tasks import registry
+from tasks.leases import live_lease_exists
 from tasks.models import Task
 from tasks.selectors import stuck_condition
 from tasks.states import NON_TERMINAL, TERMINAL, State
@@ -167,6 +168,17 @@ def state_counts(tenant_ids: list[int], *, cap: int) -> dict[str, int]:
     with connection.cursor() as cursor:
         cursor.execute(" UNION ALL ".join(parts), params)
         return {label: n for label, n in cursor.fetchall() if n}
+
+
+def queue_rows(tasks: QuerySet[Task]) -> QuerySet[Task]:
+    """``tasks`` as queue rows, the one read of the console's queue and ``GET /api/tasks/``.
+
+    Each row comes with its tenant (joined: one query a page) and ``leased`` (a live worker holds
+    its lease: the queue tells an *active* ready task from an *eligible* one), without the large
+    JSON columns no list shows. Order and page it as the surface does; nothing is read per row.
+    """
+    rows = tasks.select_related("tenant").defer("input", "outcome")
+    return rows.annotate(leased=live_lease_exists(timezone.now()))
 
 
 def keyset_chunks(tasks: QuerySet[Task], *, size: int) -> Iterator[list[Task]]:

@@ -22,7 +22,16 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.pagination import ByVersion, NewestFirst, OldestFirst, Pages
-from api.serializers import ActionOut, CheckpointOut, DeliveryOut, EventOut, TaskDetail, TaskSummary, storable
+from api.serializers import (
+    ActionOut,
+    CheckpointOut,
+    DeliveryOut,
+    EventOut,
+    TaskDetail,
+    TaskSummary,
+    storable,
+    task_detail_data,
+)
 from audit.models import TransitionEvent
 from ledger.models import Action
 from reads import queue, visibility
@@ -105,7 +114,7 @@ class TaskCollectionApi(APIView):
         if not filters.is_valid():
             raise ValidationError(filters.errors)
         pages = NewestFirst()
-        page = pages.paginate_queryset(filters.qs.select_related("tenant"), request, view=self)
+        page = pages.paginate_queryset(queue.queue_rows(filters.qs), request, view=self)
         return pages.get_paginated_response(TaskSummary(page, many=True).data)
 
     @extend_schema(
@@ -143,7 +152,7 @@ class TaskCollectionApi(APIView):
                 {"detail": str(exc), "code": "idempotency_conflict", "task": str(exc.task.id)},
                 status=status.HTTP_409_CONFLICT,
             )
-        out = TaskDetail(task, context={"request": request}).data
+        out = task_detail_data(task, request.user)
         return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @staticmethod
@@ -174,7 +183,7 @@ class TaskDetailApi(APIView):
     @extend_schema(operation_id="tasks_retrieve", responses={200: TaskDetail, 404: OpenApiResponse()})
     def get(self, request: Request, task_id: UUID) -> Response:
         task = visibility.get_visible_task(request.user, task_id)
-        return Response(TaskDetail(task, context={"request": request}).data)
+        return Response(task_detail_data(task, request.user))
 
 
 class _TaskHistoryApi(APIView):
@@ -295,7 +304,7 @@ class TaskControlApi(APIView):
             {
                 "applied": result.applied,
                 "note": result.note,
-                "task": TaskDetail(task, context={"request": request}).data,
+                "task": task_detail_data(task, request.user),
             }
         )
 
@@ -347,7 +356,7 @@ class TaskRerunApi(APIView):
                 {"detail": str(exc), "code": "idempotency_conflict", "task": str(exc.task.id)},
                 status=status.HTTP_409_CONFLICT,
             )
-        out = TaskDetail(rerun, context={"request": request}).data
+        out = task_detail_data(rerun, request.user)
         return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
@@ -397,7 +406,7 @@ class TaskCompensateApi(APIView):
             )
         except services.InvalidTaskInput as exc:
             raise ValidationError(exc.errors) from None
-        out = TaskDetail(run, context={"request": request}).data
+        out = task_detail_data(run, request.user)
         return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
@@ -417,7 +426,7 @@ def _delivery_response(request: Request, delivery: services.Delivery) -> Respons
     body = {
         "applied": delivery.applied,
         "note": delivery.note,
-        "task": TaskDetail(task, context={"request": request}).data,
+        "task": task_detail_data(task, request.user),
     }
     return Response(body, status=status.HTTP_200_OK)
 
