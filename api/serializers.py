@@ -410,10 +410,13 @@ class ApprovalDetailOut(ApprovalOut):
 
     def to_representation(self, instance: approval_detail.ApprovalDetail) -> dict[str, Any]:
         # Rendered from the read its console page renders too: the request's own fields from the
-        # row, the separation fields below from the detail, kept for this one rendering.
+        # row, ``live`` and the separation fields below from the detail, kept for this one rendering.
         self._detail = instance
         data: dict[str, Any] = super().to_representation(instance.request)
         return data
+
+    def get_live(self, request: ApprovalRequest) -> bool:
+        return self._detail.live
 
     @extend_schema_field(EarlierDecisionOut(many=True))
     def get_earlier_decisions(self, request: ApprovalRequest) -> list[Any]:
