@@ -8,23 +8,20 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from approvals import selectors as approval_selectors
-from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.models import ApprovalRequest
 from audit import sealing
 from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS
-from audit.models import LeaseTakeover, TransitionEvent
+from audit.models import TransitionEvent
 from ledger.models import Action
 from protection import retention, reveal
-from tasks import checkpoints, compensation, registry, selectors, values
-from tasks.models import CancelRequest, Checkpoint, Lease, Task
-from tasks.states import State
+from reads import approval_detail, task_detail
+from tasks import checkpoints, registry, values
+from tasks.models import Checkpoint, Task
 from tenancy.models import Tenant
-
-TAKEOVERS_SHOWN = 5  # newest lease takeovers in a task's detail
 
 
 def storable(value: Any, where: str = "input") -> None:
@@ -66,6 +63,9 @@ class TaskSummary(serializers.ModelSerializer[Task]):
         read_only_fields = fields
 
 
+# One task as ``GET /api/tasks/{id}/`` shows it, rendered from a ``reads.task_detail.TaskDetail`` (the
+# console's task page renders the same object): serialize that, not the task (``task_detail_data``).
+# No docstring: drf-spectacular would put it in the pinned OpenAPI document.
 class TaskDetail(TaskSummary):
     owner: serializers.SlugRelatedField[Any] = serializers.SlugRelatedField(
         slug_field="username", read_only=True
@@ -105,6 +105,20 @@ class TaskDetail(TaskSummary):
         ]
         read_only_fields = fields
 
+    @property
+    def _detail(self) -> task_detail.TaskDetail:
+        # The read this rendering is of (``context["detail"]``, see ``task_detail_data``): the row's
+        # own fields come from the task, each method field below reads its section of the detail.
+        detail: task_detail.TaskDetail = self.context["detail"]
+        return detail
+
+    def to_representation(self, instance: Task) -> dict[str, Any]:
+        data: dict[str, Any] = super().to_representation(instance)
+        # Sensitive fields masked; POST /api/tasks/{id}/reveal/ shows one, to those entitled, recorded.
+        data["input"] = self._detail.input
+        data["outcome"] = self._detail.outcome
+        return data
+
     def get_runtime_config(self, task: Task) -> dict[str, str]:
         return {"model": task.model_id, "prompt": task.prompt_id, "tool_set": task.toolset_id}
 
@@ -112,16 +126,15 @@ class TaskDetail(TaskSummary):
         return {"level": task.escalation_level, "to": task.escalated_to, "reason": task.escalation_reason}
 
     def get_lease(self, task: Task) -> dict[str, Any] | None:
-        lease = Lease.objects.filter(task=task).first()
+        lease = self._detail.lease
         if lease is None:
             return None
-        takeovers = LeaseTakeover.objects.filter(task=task).order_by("-taken_at")[:TAKEOVERS_SHOWN]
         return {
             "worker_id": lease.worker_id,
             "token": lease.token,
             "heartbeat_at": lease.heartbeat_at,
             "expires_at": lease.expires_at,
-            "live": lease.expires_at > timezone.now(),
+            "live": self._detail.lease_live,
             # Newest first: leases reclaimed from workers that stopped heartbeating.
             "takeovers": [
                 {
@@ -134,16 +147,11 @@ class TaskDetail(TaskSummary):
                     "taken_at": t.taken_at,
                     "heartbeat_age_seconds": (t.taken_at - t.previous_heartbeat_at).total_seconds(),
                 }
-                for t in takeovers
+                for t in self._detail.takeovers
             ],
         }
 
     def get_pending_approvals(self, task: Task) -> list[dict[str, Any]]:
-        if task.state != State.WAITING_APPROVAL:
-            return []  # a request the task no longer waits for is not pending, whatever its row says yet
-        pending = ApprovalRequest.objects.filter(
-            task=task, status=ApprovalStatus.PENDING, waiting_version=task.state_version
-        ).order_by("created_at")
         return [
             {
                 "id": r.id,
@@ -152,20 +160,22 @@ class TaskDetail(TaskSummary):
                 "digest": r.digest,
                 "expires_at": r.expires_at,
             }
-            for r in pending
+            for r in self._detail.pending_approvals
         ]
 
     def get_ledger(self, task: Task) -> dict[str, int]:
-        return selectors.ledger_summary(task)
+        return self._detail.ledger
 
     def get_reruns(self, task: Task) -> list[str]:
         """Ids of the tasks started to run this one again, oldest first (``rerun_of``'s FK index)."""
-        return [str(pk) for pk in compensation.reruns(task).values_list("pk", flat=True)]
+        return [str(rerun.id) for rerun in self._detail.reruns]
 
     def get_children(self, task: Task) -> list[dict[str, str]]:
         """The tasks this one started (``StartChildren``), oldest first, with their states."""
-        rows = Task.objects.filter(parent=task).order_by("id").values("id", "task_type", "state")
-        return [{"id": str(r["id"]), "task_type": r["task_type"], "state": r["state"]} for r in rows]
+        return [
+            {"id": str(child.id), "task_type": child.task_type, "state": child.state}
+            for child in self._detail.children
+        ]
 
     def get_cancel_requests(self, task: Task) -> list[dict[str, Any]]:
         """Every cancel request, newest first: scope, who asked at which version, and what came of it."""
@@ -180,7 +190,7 @@ class TaskDetail(TaskSummary):
                 "resolved_at": r.resolved_at,
                 "resolution": r.resolution,
             }
-            for r in CancelRequest.objects.filter(task=task).order_by("-requested_at")
+            for r in self._detail.cancel_requests
         ]
 
     def get_compensations(self, task: Task) -> list[dict[str, Any]]:
@@ -198,23 +208,29 @@ class TaskDetail(TaskSummary):
                 "undo_state": offer.undo,  # the newest compensating action's dispatch state
                 "may_start": offer.open,
             }
-            for offer in compensation.offers(task)
+            for offer in self._detail.compensations
         ]
 
     def get_compensates(self, task: Task) -> dict[str, str] | None:
         """For a compensation run: the canceled task and the action it undoes."""
-        action = task.compensates
+        action = self._detail.compensates
         return None if action is None else {"task": str(action.task_id), "action": action.idempotency_key}
 
     def get_allowed_transitions(self, task: Task) -> list[dict[str, str]]:
-        return selectors.allowed_moves(self.context["request"].user, task)
+        return self._detail.allowed_moves
 
-    def to_representation(self, instance: Task) -> dict[str, Any]:
-        data: dict[str, Any] = super().to_representation(instance)
-        # Sensitive fields masked; POST /api/tasks/{id}/reveal/ shows one, to those entitled, recorded.
-        data["input"] = reveal.masked_input(instance)
-        data["outcome"] = reveal.masked_outcome(instance)
-        return data
+
+# What the API lists of a task's detail: every child, cancel request, rerun and pending approval; its
+# other approvals and its actions have their own endpoints (``/api/approvals/``, ``.../actions/``).
+API_SECTIONS = task_detail.Sections(
+    children=None, cancel_requests=None, reruns=None, pending_approvals=None, approvals=0, actions=0
+)
+
+
+def task_detail_data(task: Task, user: Any) -> dict[str, Any]:
+    """The JSON of ``task``'s detail as ``user`` sees it (``task`` already scoped to them)."""
+    detail = task_detail.read_task_detail(task, user=user, sections=API_SECTIONS)
+    return dict(TaskDetail(detail.task, context={"detail": detail}).data)
 
 
 class EventOut(serializers.ModelSerializer[TransitionEvent]):
@@ -408,20 +424,27 @@ class ApprovalDetailOut(ApprovalOut):
         fields = [*ApprovalOut.Meta.fields, "earlier_decisions", "may_not_decide"]
         read_only_fields = fields
 
-    def _separation(self, request: ApprovalRequest) -> approval_selectors.Separation:
-        # Read once per request for both fields (each is a method field).
-        read: dict[Any, approval_selectors.Separation] = self.__dict__.setdefault("_separations", {})
-        if request.pk not in read:
-            read[request.pk] = approval_selectors.separation(request)
-        return read[request.pk]
+    @property
+    def _detail(self) -> approval_detail.ApprovalDetail:
+        # Rendered from the read its console page renders too (``context["detail"]``): the
+        # request's own fields from the row, ``live`` and the separation fields from the detail.
+        detail: approval_detail.ApprovalDetail = self.context["detail"]
+        return detail
+
+    def get_live(self, request: ApprovalRequest) -> bool:
+        return self._detail.live
 
     # arg-type: the stubs let a plain Serializer take one instance only, not many=True's list.
     @extend_schema_field(EarlierDecisionOut(many=True))
     def get_earlier_decisions(self, request: ApprovalRequest) -> list[Any]:
-        earlier = self._separation(request).earlier
-        return list(EarlierDecisionOut(earlier, many=True).data)  # type: ignore[arg-type]
+        return list(EarlierDecisionOut(self._detail.separation.earlier, many=True).data)  # type: ignore[arg-type]
 
     @extend_schema_field(MayNotDecideOut(many=True))
     def get_may_not_decide(self, request: ApprovalRequest) -> list[Any]:
-        barred = self._separation(request).may_not_decide
-        return list(MayNotDecideOut(barred, many=True).data)  # type: ignore[arg-type]
+        return list(MayNotDecideOut(self._detail.separation.may_not_decide, many=True).data)  # type: ignore[arg-type]
+
+
+def approval_detail_data(request: ApprovalRequest) -> dict[str, Any]:
+    """The JSON of one visible approval request (``approvals.selectors.get_visible_request``)."""
+    detail = approval_detail.read_approval_detail(request)
+    return dict(ApprovalDetailOut(detail.request, context={"detail": detail}).data)

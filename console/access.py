@@ -7,8 +7,9 @@ from uuid import UUID
 
 from django.core.exceptions import PermissionDenied
 
-from tasks import selectors
+from reads import visibility
 from tasks.models import Task
+from tasks.selectors import roles_in
 from tenancy.models import Role
 from tenancy.selectors import has_role, tenant_ids_for
 
@@ -24,11 +25,11 @@ QUARANTINE_ROLES = (Role.OPERATOR, Role.ADMIN, Role.AUDITOR)
 
 def get_task_for_user(user: Any, task_id: UUID | str) -> Task:
     """The task if ``user`` holds any role in its tenant; ``Http404`` otherwise."""
-    return selectors.get_visible_task(user, task_id)
+    return visibility.get_visible_task(user, task_id)
 
 
 def can_operate(user: Any, task: Task) -> bool:
-    return bool(selectors.roles_in(user, task) & {Role.OPERATOR, Role.ADMIN})
+    return bool(roles_in(user, task) & {Role.OPERATOR, Role.ADMIN})
 
 
 def tenant_ids_or_403(user: Any, roles: tuple[str, ...]) -> list[int]:

@@ -20,9 +20,9 @@ from django.urls import reverse
 
 from console.access import AUDIT_ROLES, tenant_ids_or_403
 from console.forms import ConsoleForm
+from reads import queue, visibility
 from runtime import bulk, controls
 from runtime.models import BulkOperation, BulkResult, Outcome
-from tasks import selectors
 from tasks.models import Task
 from tenancy.models import Role
 from tenancy.selectors import tenant_ids_for
@@ -50,14 +50,14 @@ class BulkForm(ConsoleForm):
 
 def _selection(request: HttpRequest, params: QueryDict, target: str) -> tuple[QuerySet[Task], dict[str, Any]]:
     """The tasks the operator means, limited to tenants where they may operate; and how to record it."""
-    operable = selectors.visible_tasks(request.user).filter(
+    operable = visibility.visible_tasks(request.user).filter(
         tenant_id__in=tenant_ids_for(request.user, OPERATE)
     )
     if target == "all":
         filter_params = params.copy()
         for key in NOT_FILTERS:
             filter_params.pop(key, None)
-        filters = selectors.TaskFilter(filter_params, queryset=operable, request=request)
+        filters = queue.TaskFilter(filter_params, queryset=operable, request=request)
         if not filters.is_valid():
             return operable.none(), {"query": filter_params.urlencode(), "invalid": True}
         return filters.qs, {"query": filter_params.urlencode()}

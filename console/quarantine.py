@@ -17,7 +17,7 @@ from django.views.decorators.http import require_safe
 
 from console.access import QUARANTINE_ROLES, tenant_ids_or_403
 from ledger import integrity
-from tasks import selectors
+from reads import quarantine
 from tenancy.models import Role
 from tenancy.selectors import tenant_ids_for
 
@@ -82,15 +82,15 @@ BEFORE_RELEASE = {
 @login_required
 def triage(request: HttpRequest) -> HttpResponse:
     tenant_ids = tenant_ids_or_403(request.user, QUARANTINE_ROLES)
-    counts = selectors.quarantine_counts(tenant_ids)
+    counts = quarantine.quarantine_counts(tenant_ids)
     codes = [row["code"] for row in counts]
     code = request.GET.get("reason") if request.GET.get("reason") in codes else (codes[0] if codes else None)
-    after = selectors.QuarantineCursor.parse(request.GET.get("after"))
+    after = quarantine.QuarantineCursor.parse(request.GET.get("after"))
     context = {
         "counts": counts,
         "total": sum(row["n"] for row in counts),
         "code": code,
-        "page": selectors.quarantined_tasks(tenant_ids, code=code, after=after, limit=PAGE)
+        "page": quarantine.quarantined_tasks(tenant_ids, code=code, after=after, limit=PAGE)
         if code is not None
         else None,
         "release_checks": RELEASE_CHECKS,

@@ -15,10 +15,9 @@ from django.http.response import HttpResponseBase
 from django.utils import timezone
 
 from audit import export
-from tasks import selectors
-from tasks.leases import live_lease_exists
+from reads import queue, visibility
+from reads.quarantine import QuarantineCursor as AgeCursor  # (state_entered_at, id), ascending
 from tasks.models import Task
-from tasks.selectors import QuarantineCursor as AgeCursor  # (state_entered_at, id), ascending
 from tasks.states import State
 from tenancy.selectors import tenant_ids_for
 
@@ -31,10 +30,10 @@ EXPORT_COLUMNS = [
 ]  # fmt: skip
 
 
-def filtered(request: HttpRequest, params: QueryDict) -> tuple[selectors.TaskFilter, QuerySet[Task]]:
+def filtered(request: HttpRequest, params: QueryDict) -> tuple[queue.TaskFilter, QuerySet[Task]]:
     """The user's tasks narrowed by the filters in ``params``; a filter with errors narrows nothing."""
-    visible = selectors.visible_tasks(request.user)
-    filters = selectors.TaskFilter(params, queryset=visible, request=request)
+    visible = visibility.visible_tasks(request.user)
+    filters = queue.TaskFilter(params, queryset=visible, request=request)
     return filters, (filters.qs if filters.is_valid() else visible.none())
 
 
@@ -70,11 +69,7 @@ def page(tasks: QuerySet[Task], params: QueryDict, *, size: int) -> QueuePage:
         except ValueError:  # absent or mangled cursor: the first page
             before = None
         ordered = (tasks.filter(id__lt=before) if before else tasks).order_by("-id")
-    rows = list(
-        ordered.select_related("tenant")
-        .defer("input", "outcome")  # large JSON the list never shows
-        .annotate(leased=live_lease_exists(timezone.now()))[: size + 1]
-    )
+    rows = list(queue.queue_rows(ordered)[: size + 1])
     next_query = ""
     if len(rows) > size:
         last = rows[size - 1]
@@ -87,13 +82,13 @@ def page(tasks: QuerySet[Task], params: QueryDict, *, size: int) -> QueuePage:
 
 
 def summary(request: HttpRequest) -> dict[str, Any]:
-    counts = selectors.state_counts(tenant_ids_for(request.user), cap=COUNT_CAP)
+    counts = queue.state_counts(tenant_ids_for(request.user), cap=COUNT_CAP)
 
     def shown(n: int) -> str:
         return f"{COUNT_CAP:,}+" if n > COUNT_CAP else f"{n:,}"
 
     rows = [(value, label, shown(counts[value])) for value, label in State.choices if value in counts]
-    finished = counts.get(selectors.FINISHED, 0)
+    finished = counts.get(queue.FINISHED, 0)
     return {"live": rows, "finished": shown(finished)}
 
 
@@ -110,7 +105,7 @@ class _Echo:
 def _csv_rows(tasks: QuerySet[Task]) -> Iterator[str]:
     writer = csv.writer(_Echo())
     yield writer.writerow(EXPORT_COLUMNS)
-    for chunk in selectors.keyset_chunks(tasks, size=EXPORT_CHUNK):
+    for chunk in queue.keyset_chunks(tasks, size=EXPORT_CHUNK):
         for task in chunk:
             yield writer.writerow(
                 [

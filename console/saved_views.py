@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from console.forms import SavedViewForm
-from tasks.selectors import TaskFilter
+from reads.queue import TaskFilter
 from tenancy import services
 from tenancy.models import SavedView
 from tenancy.selectors import saved_views_for

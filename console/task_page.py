@@ -32,20 +32,19 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST, require_safe
 
-from approvals.models import ApprovalRequest
 from audit import sealing
 from audit.models import LeaseTakeover, TransitionEvent
 from console.access import can_operate, get_task_for_user
 from console.forms import DESTRUCTIVE, AnswerForm, CompensateForm, ControlForm, RerunForm, RevealForm
 from console.quarantine import BEFORE_RELEASE
 from ledger import integrity
-from ledger.models import Action
 from protection import retention, reveal
+from reads.task_detail import Sections, TaskDetail, read_task_detail
 from runtime import controls
 from tasks import checkpoints, compensation, registry, selectors, services
 from tasks.checkpoints import CheckpointUnreadable
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
-from tasks.models import CancelRequest, Checkpoint, Lease, Task
+from tasks.models import Checkpoint, Lease, Task
 from tasks.states import RUNNABLE, TERMINAL, WAITING, ActorKind, State, Trigger
 from tasks.transitions import Actor
 
@@ -54,9 +53,16 @@ STORED_SHOWN = 20_000  # characters of an unreadable checkpoint shown as stored
 CHECKPOINT_LINKS = 30  # newest checkpoint versions linked from the viewer (any other: by number)
 ACTIONS_SHOWN = 100
 CHILDREN_SHOWN = 100  # a parent page lists this many children (order_batch starts at most 20)
-CANCELS_SHOWN = 20
-APPROVALS_SHOWN = 20
-TAKEOVERS_SHOWN = 5
+# What the page lists of the task's detail (the API lists every child, cancel request and rerun). Its
+# approvals list shows every request, the pending ones among them, so none is read apart.
+SECTIONS = Sections(
+    children=CHILDREN_SHOWN,
+    cancel_requests=20,
+    reruns=20,
+    pending_approvals=0,
+    approvals=20,
+    actions=ACTIONS_SHOWN,
+)
 DRAFT_KEY = "console:task-drafts"  # session: task id -> {"form": control|"answer"|"rerun", fields...}
 
 
@@ -510,11 +516,16 @@ def _take_draft(request: HttpRequest, task: Task) -> dict[str, Any]:
 
 
 def _control_forms(
-    request: HttpRequest, task: Task, draft: dict[str, Any], last_check: TransitionEvent | None, in_doubt: int
+    request: HttpRequest,
+    detail: TaskDetail,
+    draft: dict[str, Any],
+    last_check: TransitionEvent | None,
+    in_doubt: int,
 ) -> list[dict[str, Any]]:
+    task = detail.task
     if not can_operate(request.user, task):
         return []
-    triggers = {move["trigger"] for move in selectors.allowed_moves(request.user, task)}
+    triggers = {move["trigger"] for move in detail.allowed_moves}
     offered = [name for name, trigger in controls.CONTROLS.items() if trigger in triggers]
     forms = []
     for name in offered:
@@ -568,8 +579,10 @@ def _live_context(request: HttpRequest, task: Task) -> dict[str, Any]:
 
 
 def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> dict[str, Any]:
-    """Everything the page shows besides the task row. About twenty queries, none per event."""
+    """Everything the page shows besides the task row: its detail (``reads.task_detail``, which
+    the API serializes too), then the page's own reads. About twenty queries, none per event."""
     now = timezone.now()
+    detail = read_task_detail(task, user=request.user, sections=SECTIONS)
     events = TransitionEvent.objects.filter(task=task)
     latest = events.filter(state_version=task.state_version).first()
     entry = (
@@ -584,8 +597,8 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         .first()
     )
     stuck = Task.objects.filter(pk=task.pk).filter(selectors.stuck_condition(now)).exists()
-    lease = Lease.objects.filter(task=task, expires_at__gt=now).first()
-    ledger = selectors.ledger_summary(task)
+    lease = detail.lease if detail.lease_live else None
+    ledger = detail.ledger
     in_doubt = sum(n for state, n in ledger.items() if state in ("intended", "dispatching", "unknown"))
     checkpoint_context = _checkpoint_context(task, request.GET)
     latest_point: Shown | None = checkpoint_context["latest_checkpoint"]
@@ -605,10 +618,7 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         if draft.get("form") == "rerun":
             initial["reason"] = draft.get("reason", "")
         rerun_form = RerunForm(initial=initial)
-    children = Task.objects.filter(parent=task).order_by("id").values("id", "state", "task_type")
-    offers = compensation.offers(task)  # a canceled task's effects left done, each with its run if started
-    # Read here, not in the dict: the timeline asks for takeovers only when the task had any.
-    takeovers = list(LeaseTakeover.objects.filter(task=task).order_by("-taken_at")[:TAKEOVERS_SHOWN])
+    offers = detail.compensations  # a canceled task's effects left done, each with its run if started
     return {
         "why": _why(
             task,
@@ -622,39 +632,36 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         ),
         "lease": lease,
         "ledger": ledger,
-        "controls": _control_forms(request, task, draft, last_check, in_doubt),
+        "controls": _control_forms(request, detail, draft, last_check, in_doubt),
         "answer_form": answer_form,
         "rerun_form": rerun_form,
         # Sensitive fields masked; each may be revealed (operators, admins), recorded, from "revealable".
-        "input_json": _masked_json(reveal.masked_input(task)),
-        "outcome_json": _masked_json(reveal.masked_outcome(task)) if task.outcome is not None else "",
+        "input_json": _masked_json(detail.input),
+        "outcome_json": _masked_json(detail.outcome) if task.outcome is not None else "",
         "can_reveal": reveal.may_reveal(request.user, task),
         "revealable": sorted(
             {*reveal.masked_names(task.task_type, task.input), *reveal.outcome_masked_names(task)}
         ),
-        "rerun_of": Task.objects.filter(pk=task.rerun_of_id).values("id", "state").first()
-        if task.rerun_of_id
-        else None,
-        "reruns": list(compensation.reruns(task).values("id", "state")[:20]),
+        "rerun_of": detail.rerun_of,
+        "reruns": detail.reruns,
         "compensations": [
             (offer, CompensateForm(initial={"action": offer.action.idempotency_key}, auto_id=f"%s-undo-{n}"))
             for n, offer in enumerate(offers)
         ],
         "may_compensate": operate,
-        "compensates": task.compensates,
-        "parent": Task.objects.filter(pk=task.parent_id).values("id", "state", "task_type").first()
-        if task.parent_id
-        else None,
-        "children": list(children[:CHILDREN_SHOWN]),
+        "compensates": detail.compensates,
+        "parent": detail.parent,
+        "children": detail.children,
         "children_cap": CHILDREN_SHOWN,
-        "cancel_requests": CancelRequest.objects.filter(task=task).order_by("-requested_at")[:CANCELS_SHOWN],
-        "actions": list(Action.objects.filter(task=task).order_by("id")[:ACTIONS_SHOWN]),
+        "cancel_requests": detail.cancel_requests,
+        "actions": detail.actions,
         "actions_cap": ACTIONS_SHOWN,
-        "approvals": ApprovalRequest.objects.filter(task=task).order_by("-created_at")[:APPROVALS_SHOWN],
-        "takeovers": takeovers,
+        "approvals": detail.approvals,
+        "takeovers": detail.takeovers,
         "trace_links": _trace_links(task, latest),
         **checkpoint_context,
-        **_timeline(task, request.GET, taken_over=bool(takeovers)),
+        # The timeline asks for takeovers only when the task had any.
+        **_timeline(task, request.GET, taken_over=bool(detail.takeovers)),
     }
 
 

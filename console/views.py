@@ -20,6 +20,7 @@ from approvals import services as approval_services
 from approvals.models import ApprovalRequest, Decision
 from console import queue as queue_parts
 from console.forms import DecisionForm, InboxForm
+from reads.approval_detail import read_approval_detail
 from runtime.controls import CONTROLS
 from tasks.checkpoints import CheckpointUnreadable
 from tasks.states import State
@@ -94,12 +95,14 @@ def approval_inbox(request: HttpRequest) -> HttpResponse:
 
 
 def _approval_context(user: Any, approval: ApprovalRequest) -> dict[str, Any]:
-    """Everything a request page shows: what it authorizes, how it stands now, and what it repeats."""
+    """Everything a request page shows: its detail (``reads.approval_detail``, which the API serializes
+    too), how it stands now against the task's facts, and what it repeats."""
+    detail = read_approval_detail(approval, viewer=user)
     standing = approval_services.standing(approval)
     earlier = approval_selectors.earlier_request(approval)
     return {
         "approval": approval,
-        "live": approval_selectors.is_live(approval),
+        "live": detail.live,
         "expired": timezone.now() >= approval.expires_at,
         "changed": standing.changed,
         "evidence": [{**ref, "url": approval_selectors.evidence_url(ref)} for ref in approval.evidence],
@@ -108,7 +111,7 @@ def _approval_context(user: Any, approval: ApprovalRequest) -> dict[str, Any]:
         "earlier": earlier,
         "repeat_changes": approval_selectors.repeat_changes(earlier, approval) if earlier else [],
         "can_decide": approval_selectors.may_decide_now(user, approval),
-        "separation": approval_selectors.separation(approval, user),
+        "separation": detail.separation,
         # The money policy's earlier effects for the same business reference (the same invoice).
         "earlier_effects": approval_services.earlier_effects(approval, standing.facts),
     }

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.pagination import OldestFirst
-from api.serializers import ApprovalDetailOut, ApprovalOut
+from api.serializers import ApprovalDetailOut, ApprovalOut, approval_detail_data
 from approvals import selectors, services
 from approvals.models import ApprovalStatus, Decision
 from tasks import values
@@ -65,7 +65,7 @@ class ApprovalDetailApi(APIView):
     )
     def get(self, request: Request, request_id: UUID) -> Response:
         """The request with its earlier decisions and who may not decide it (separation of duties)."""
-        return Response(ApprovalDetailOut(selectors.get_visible_request(request.user, request_id)).data)
+        return Response(approval_detail_data(selectors.get_visible_request(request.user, request_id)))
 
 
 class ApprovalDecideApi(APIView):
@@ -127,5 +127,5 @@ class ApprovalDecideApi(APIView):
             return refused(exc)
         fresh = selectors.get_visible_request(request.user, request_id)
         return Response(
-            {"applied": decided.applied, "note": decided.note, "request": ApprovalDetailOut(fresh).data}
+            {"applied": decided.applied, "note": decided.note, "request": approval_detail_data(fresh)}
         )

@@ -21,6 +21,7 @@ from rest_framework.views import APIView
 
 from api.serializers import storable
 from protection.holds import set_legal_hold
+from reads import visibility
 from tasks import selectors
 from tasks.exceptions import TaskNotFound
 from tasks.models import Archive, LegalHold, Task
@@ -73,7 +74,7 @@ class TaskLegalHoldApi(APIView):
 
     @extend_schema(operation_id="tasks_legal_hold_read", responses={200: STATUS, 404: OpenApiResponse()})
     def get(self, request: Request, task_id: UUID) -> Response:
-        return Response(_status(selectors.get_visible_task(request.user, task_id)))
+        return Response(_status(visibility.get_visible_task(request.user, task_id)))
 
     @extend_schema(
         operation_id="tasks_legal_hold",
@@ -88,7 +89,7 @@ class TaskLegalHoldApi(APIView):
         },
     )
     def post(self, request: Request, task_id: UUID) -> Response:
-        task = selectors.get_visible_task(request.user, task_id)
+        task = visibility.get_visible_task(request.user, task_id)
         if Role.ADMIN not in selectors.roles_in(request.user, task):
             raise PermissionDenied("A legal hold is placed or lifted by an admin of the task's tenant.")
         body = self.HoldInput(data=request.data)

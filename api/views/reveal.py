@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 
 from api.serializers import storable
 from protection import reveal
-from tasks import selectors
+from reads import visibility
 from tenancy.models import Scope
 
 MAX_VERSION = 2**31 - 1
@@ -72,7 +72,7 @@ class TaskRevealApi(APIView):
         },
     )
     def post(self, request: Request, task_id: UUID) -> Response:
-        task = selectors.get_visible_task(request.user, task_id)
+        task = visibility.get_visible_task(request.user, task_id)
         if not reveal.may_reveal(request.user, task):
             raise PermissionDenied(
                 "Revealing a sensitive field needs the operator or admin role in this tenant."

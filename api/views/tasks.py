@@ -22,12 +22,23 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.pagination import ByVersion, NewestFirst, OldestFirst, Pages
-from api.serializers import ActionOut, CheckpointOut, DeliveryOut, EventOut, TaskDetail, TaskSummary, storable
+from api.serializers import (
+    ActionOut,
+    CheckpointOut,
+    DeliveryOut,
+    EventOut,
+    TaskDetail,
+    TaskSummary,
+    storable,
+    task_detail_data,
+)
 from audit.models import TransitionEvent
 from ledger.models import Action
+from reads import queue, visibility
 from runtime import controls
-from tasks import compensation, registry, selectors, services
+from tasks import compensation, registry, services
 from tasks.models import Checkpoint, Task
+from tasks.selectors import roles_in
 from tasks.states import ActorKind, State
 from tasks.transitions import Actor
 from tenancy.models import ApiToken, Role, Scope, Tenant
@@ -90,20 +101,20 @@ class TaskCollectionApi(APIView):
             OpenApiParameter("region", str),
             OpenApiParameter("escalated", str, enum=["true", "false"]),
             OpenApiParameter("reason", str, description="Reason code of the state or the outcome"),
-            OpenApiParameter("age", str, enum=list(selectors.AGES), description="In the state for over"),
+            OpenApiParameter("age", str, enum=list(queue.AGES), description="In the state for over"),
             OpenApiParameter("cursor", str),
             OpenApiParameter("page_size", int),
         ],
         responses={200: TaskSummary(many=True), 400: OpenApiResponse(description="Bad filter or cursor")},
     )
     def get(self, request: Request) -> Response:
-        filters = selectors.TaskFilter(
-            request.query_params, queryset=selectors.visible_tasks(request.user), request=request
+        filters = queue.TaskFilter(
+            request.query_params, queryset=visibility.visible_tasks(request.user), request=request
         )
         if not filters.is_valid():
             raise ValidationError(filters.errors)
         pages = NewestFirst()
-        page = pages.paginate_queryset(filters.qs.select_related("tenant"), request, view=self)
+        page = pages.paginate_queryset(queue.queue_rows(filters.qs), request, view=self)
         return pages.get_paginated_response(TaskSummary(page, many=True).data)
 
     @extend_schema(
@@ -141,7 +152,7 @@ class TaskCollectionApi(APIView):
                 {"detail": str(exc), "code": "idempotency_conflict", "task": str(exc.task.id)},
                 status=status.HTTP_409_CONFLICT,
             )
-        out = TaskDetail(task, context={"request": request}).data
+        out = task_detail_data(task, request.user)
         return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @staticmethod
@@ -171,8 +182,8 @@ class TaskCollectionApi(APIView):
 class TaskDetailApi(APIView):
     @extend_schema(operation_id="tasks_retrieve", responses={200: TaskDetail, 404: OpenApiResponse()})
     def get(self, request: Request, task_id: UUID) -> Response:
-        task = selectors.get_visible_task(request.user, task_id)
-        return Response(TaskDetail(task, context={"request": request}).data)
+        task = visibility.get_visible_task(request.user, task_id)
+        return Response(task_detail_data(task, request.user))
 
 
 class _TaskHistoryApi(APIView):
@@ -186,7 +197,7 @@ class _TaskHistoryApi(APIView):
         return self.model._default_manager.filter(task=task)
 
     def get(self, request: Request, task_id: UUID) -> Response:
-        task = selectors.get_visible_task(request.user, task_id)
+        task = visibility.get_visible_task(request.user, task_id)
         pages = self.pages()
         page = pages.paginate_queryset(self.rows(task), request, view=self)
         return pages.get_paginated_response(self.output(page, many=True, context={"task": task}).data)
@@ -281,8 +292,8 @@ class TaskControlApi(APIView):
         },
     )
     def post(self, request: Request, task_id: UUID) -> Response:
-        task = selectors.get_visible_task(request.user, task_id)
-        roles = selectors.roles_in(request.user, task)
+        task = visibility.get_visible_task(request.user, task_id)
+        roles = roles_in(request.user, task)
         if not roles & {Role.OPERATOR, Role.ADMIN}:
             raise PermissionDenied("Operator controls need the operator or admin role in this tenant.")
         body = self.ControlInput(data=request.data)
@@ -295,7 +306,7 @@ class TaskControlApi(APIView):
             {
                 "applied": result.applied,
                 "note": result.note,
-                "task": TaskDetail(task, context={"request": request}).data,
+                "task": task_detail_data(task, request.user),
             }
         )
 
@@ -331,8 +342,8 @@ class TaskRerunApi(APIView):
         },
     )
     def post(self, request: Request, task_id: UUID) -> Response:
-        task = selectors.get_visible_task(request.user, task_id)
-        if not selectors.roles_in(request.user, task) & {Role.OPERATOR, Role.ADMIN}:
+        task = visibility.get_visible_task(request.user, task_id)
+        if not roles_in(request.user, task) & {Role.OPERATOR, Role.ADMIN}:
             raise PermissionDenied("Rerunning a task needs the operator or admin role in its tenant.")
         body = self.RerunInput(data=request.data)
         body.is_valid(raise_exception=True)
@@ -347,7 +358,7 @@ class TaskRerunApi(APIView):
                 {"detail": str(exc), "code": "idempotency_conflict", "task": str(exc.task.id)},
                 status=status.HTTP_409_CONFLICT,
             )
-        out = TaskDetail(rerun, context={"request": request}).data
+        out = task_detail_data(rerun, request.user)
         return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
@@ -384,8 +395,8 @@ class TaskCompensateApi(APIView):
         },
     )
     def post(self, request: Request, task_id: UUID) -> Response:
-        task = selectors.get_visible_task(request.user, task_id)
-        if not selectors.roles_in(request.user, task) & {Role.OPERATOR, Role.ADMIN}:
+        task = visibility.get_visible_task(request.user, task_id)
+        if not roles_in(request.user, task) & {Role.OPERATOR, Role.ADMIN}:
             raise PermissionDenied(
                 "Compensating an effect needs the operator or admin role in the task's tenant."
             )
@@ -397,7 +408,7 @@ class TaskCompensateApi(APIView):
             )
         except services.InvalidTaskInput as exc:
             raise ValidationError(exc.errors) from None
-        out = TaskDetail(run, context={"request": request}).data
+        out = task_detail_data(run, request.user)
         return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
@@ -417,14 +428,14 @@ def _delivery_response(request: Request, delivery: services.Delivery) -> Respons
     body = {
         "applied": delivery.applied,
         "note": delivery.note,
-        "task": TaskDetail(task, context={"request": request}).data,
+        "task": task_detail_data(task, request.user),
     }
     return Response(body, status=status.HTTP_200_OK)
 
 
 def _integrator(request: Request, task: Task) -> Actor:
     """Feeding a task input and events needs the operator, admin or integrator role in its tenant."""
-    if not selectors.roles_in(request.user, task) & set(FEED_ROLES):
+    if not roles_in(request.user, task) & set(FEED_ROLES):
         raise PermissionDenied("Feeding a task needs the operator, admin or integrator role in its tenant.")
     return Actor.user(request.user, ActorKind.INTEGRATOR)
 
@@ -459,7 +470,7 @@ class TaskInputApi(APIView):
         responses=FEED_RESPONSES,
     )
     def post(self, request: Request, task_id: UUID) -> Response:
-        task = selectors.get_visible_task(request.user, task_id)
+        task = visibility.get_visible_task(request.user, task_id)
         actor = _integrator(request, task)
         body = self.AnswerInput(data=request.data)
         body.is_valid(raise_exception=True)
@@ -500,7 +511,7 @@ class TaskExternalEventApi(APIView):
         responses=FEED_RESPONSES,
     )
     def post(self, request: Request, task_id: UUID) -> Response:
-        task = selectors.get_visible_task(request.user, task_id)
+        task = visibility.get_visible_task(request.user, task_id)
         actor = _integrator(request, task)
         body = self.EventInput(data=request.data)
         body.is_valid(raise_exception=True)

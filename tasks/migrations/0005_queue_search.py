@@ -1,7 +1,7 @@
 """The console queue's search and age sort.
 
 - ``pg_trgm`` and the trigram GIN index ``task_search_trgm`` on ``UPPER(<search document>)``:
-  the expression must stay identical to ``tasks.selectors.SEARCH_SQL`` (unqualified here), which
+  the expression must stay identical to ``reads.queue.SEARCH_SQL`` (unqualified here), which
   the queue's ``q`` filter compares with ``icontains`` (``UPPER(doc) LIKE UPPER('%term%')``).
   PostgreSQL only: on SQLite (the embedded demo) nothing is created and search scans.
 - ``task_tenant_entered`` (tenant, state_entered_at, id): the queue sorted by age in state.

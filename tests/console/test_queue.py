@@ -9,7 +9,7 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from tasks import selectors
+from reads import queue as selectors
 from tasks.models import Task
 from tasks.states import State
 from tasks.transitions import Actor, advance

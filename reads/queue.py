@@ -1,0 +1,194 @@
+"""The queue's reads: its filters (one FilterSet for the API and the console), its summary bar,
+its search document, its rows and the chunks of its CSV export. Scoped by tenant first."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import django_filters
+from django import forms
+from django.db import connection
+from django.db.models import Q, QuerySet, TextField
+from django.db.models.expressions import RawSQL
+from django.utils import timezone
+
+from reads.quarantine import quarantine_code
+from tasks import registry
+from tasks.leases import live_lease_exists
+from tasks.models import Task
+from tasks.selectors import stuck_condition
+from tasks.states import NON_TERMINAL, TERMINAL, State
+from tenancy.selectors import tenants_for
+
+# The queue's search document: id (hex, no dashes), objective, idempotency key and the input
+# as JSON text. Written as portable SQL (PostgreSQL and SQLite). On PostgreSQL the
+# ``task_search_trgm`` trigram GIN index (tasks migration 0005) is built on ``UPPER(<this>)``
+# — the exact expression Django's ``icontains`` compares — so a search is a bitmap index
+# scan at any table size; keep the two texts identical (``test_queue`` checks the plan).
+# On SQLite (the demo) the same filter is a full scan of the user's tenants.
+SEARCH_SQL = (
+    "REPLACE(CAST(\"tasks_task\".\"id\" AS text), '-', '')"
+    ' || \' \' || "tasks_task"."objective"'
+    " || ' ' || COALESCE(\"tasks_task\".\"idempotency_key\", '')"
+    ' || \' \' || CAST("tasks_task"."input" AS text)'
+)
+FINISHED = "finished"  # state_counts: the terminal states counted together
+SEARCH_MIN = 3  # a trigram index cannot narrow a shorter term
+_HEX_ID = re.compile(r"^[0-9a-f]{4,32}$")
+AGES = {
+    "5m": timedelta(minutes=5),
+    "1h": timedelta(hours=1),
+    "1d": timedelta(days=1),
+    "7d": timedelta(days=7),
+}
+YES_NO = [("true", "yes"), ("false", "no")]
+
+
+def search_condition(term: str) -> Q:
+    """Tasks whose id starts with ``term`` or whose search document contains it (any case).
+
+    An id prefix is a range on the primary key (its index); everything else goes through
+    the search document. Both halves are index scans on PostgreSQL, OR-ed as a BitmapOr.
+    """
+    term = term.strip()
+    condition = Q(search_doc__icontains=term)
+    hex_id = term.lower().replace("-", "")
+    if _HEX_ID.match(hex_id):
+        lowest, highest = UUID(hex_id.ljust(32, "0")), UUID(hex_id.ljust(32, "f"))
+        condition |= Q(id__gte=lowest, id__lte=highest)
+        if hex_id != term.lower():  # pasted with dashes: the document holds the id without them
+            condition |= Q(search_doc__icontains=hex_id)
+    return condition
+
+
+class TaskFilter(django_filters.FilterSet):
+    """The queue's filters; one FilterSet serves the API and the console.
+
+    Pass ``request``: the tenant choices are the requesting user's tenants.
+    """
+
+    q = django_filters.CharFilter(
+        method="filter_search", min_length=SEARCH_MIN, max_length=200, label="Search"
+    )
+    # distinct=False: no join here can repeat a row, and SELECT DISTINCT would read and
+    # de-duplicate every task in the chosen states before the page's LIMIT (9x at 100k).
+    state = django_filters.MultipleChoiceFilter(choices=State.choices, distinct=False)
+    task_type = django_filters.ChoiceFilter(
+        choices=lambda: [(n, n) for n in registry.names()], label="Task type"
+    )
+    # Free text (another tenant's slug finds nothing, like the API always answered), shown as a select.
+    tenant = django_filters.CharFilter(field_name="tenant__slug", max_length=50)
+    region = django_filters.CharFilter(max_length=32)
+    escalated = django_filters.ChoiceFilter(choices=YES_NO, method="filter_escalated")
+    stuck = django_filters.ChoiceFilter(choices=YES_NO, method="filter_stuck")
+    reason = django_filters.CharFilter(max_length=64, method="filter_reason", label="Outcome reason")
+    age = django_filters.ChoiceFilter(
+        choices=[(key, f"over {key}") for key in AGES], method="filter_age", label="In state"
+    )
+    # Quarantined for this reason code, as the triage page groups them (``quarantine_code``).
+    held = django_filters.CharFilter(max_length=64, method="filter_held", label="Quarantined for")
+
+    class Meta:
+        model = Task
+        fields = [
+            "q",
+            "state",
+            "task_type",
+            "tenant",
+            "region",
+            "escalated",
+            "stuck",
+            "reason",
+            "age",
+            "held",
+        ]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        user = getattr(self.request, "user", None)
+        if user is not None:
+            slugs = tenants_for(user).values_list("slug", flat=True)
+            choices = [("", "any"), *((slug, slug) for slug in slugs)]
+            self.filters["tenant"].extra["widget"] = forms.Select(choices=choices)
+
+    def filter_search(self, queryset: QuerySet[Task], name: str, value: str) -> QuerySet[Task]:
+        if not value:
+            return queryset
+        return queryset.annotate(search_doc=RawSQL(SEARCH_SQL, (), output_field=TextField())).filter(
+            search_condition(value)
+        )
+
+    def filter_escalated(self, queryset: QuerySet[Task], name: str, value: str) -> QuerySet[Task]:
+        return (
+            queryset.filter(escalation_level__gt=0)
+            if value == "true"
+            else queryset.filter(escalation_level=0)
+        )
+
+    def filter_stuck(self, queryset: QuerySet[Task], name: str, value: str) -> QuerySet[Task]:
+        condition = stuck_condition(timezone.now())
+        return queryset.filter(condition) if value == "true" else queryset.exclude(condition)
+
+    def filter_reason(self, queryset: QuerySet[Task], name: str, value: str) -> QuerySet[Task]:
+        """The machine reason of the state (``cancel`` finds ``cancel:task`` too) or of the outcome."""
+        value = value.strip()
+        return queryset.filter(
+            Q(state_reason=value) | Q(state_reason__startswith=f"{value}:") | Q(outcome__reason=value)
+        )
+
+    def filter_age(self, queryset: QuerySet[Task], name: str, value: str) -> QuerySet[Task]:
+        return queryset.filter(state_entered_at__lt=timezone.now() - AGES[value])
+
+    def filter_held(self, queryset: QuerySet[Task], name: str, value: str) -> QuerySet[Task]:
+        held = queryset.filter(state=State.QUARANTINED).annotate(quarantine_code=quarantine_code())
+        return held.filter(quarantine_code=value.strip())
+
+
+def state_counts(tenant_ids: list[int], *, cap: int) -> dict[str, int]:
+    """Counts for the queue's summary bar, each capped: one query whose cost does not grow with the table.
+
+    Every non-terminal state, and the terminal ones together under ``"finished"``, is
+    counted by a subquery that stops at ``cap + 1`` index entries (``LIMIT``), so a
+    million tasks in one state cost what a thousand do. The subqueries are joined by
+    ``UNION ALL`` into one round trip; the SQL is the ORM's own, so it runs on SQLite too.
+    A value above ``cap`` means "more than cap". States with no tasks are left out.
+    """
+    groups: list[tuple[str, Sequence[str]]] = [(state, [state]) for state in sorted(NON_TERMINAL)]
+    groups.append((FINISHED, sorted(TERMINAL)))
+    parts, params = [], []
+    for label, states in groups:
+        capped = Task.objects.filter(tenant_id__in=tenant_ids, state__in=states).values("id")[: cap + 1]
+        sql, capped_params = capped.query.sql_with_params()
+        parts.append(f"SELECT %s, (SELECT COUNT(*) FROM ({sql}) capped)")
+        params.extend([label, *capped_params])
+    with connection.cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(parts), params)
+        return {label: n for label, n in cursor.fetchall() if n}
+
+
+def queue_rows(tasks: QuerySet[Task]) -> QuerySet[Task]:
+    """``tasks`` as queue rows, the one read of the console's queue and ``GET /api/tasks/``.
+
+    Each row comes with its tenant (joined: one query a page) and ``leased`` (a live worker holds
+    its lease: the queue tells an *active* ready task from an *eligible* one), without the large
+    JSON columns no list shows. Order and page it as the surface does; nothing is read per row.
+    """
+    rows = tasks.select_related("tenant").defer("input", "outcome")
+    return rows.annotate(leased=live_lease_exists(timezone.now()))
+
+
+def keyset_chunks(tasks: QuerySet[Task], *, size: int) -> Iterator[list[Task]]:
+    """``tasks`` newest first in chunks of ``size``: one query per chunk, each an index range on -id."""
+    before: UUID | None = None
+    while True:
+        page = tasks.filter(id__lt=before) if before is not None else tasks
+        chunk = list(page.order_by("-id")[:size])
+        if chunk:
+            yield chunk
+        if len(chunk) < size:
+            return
+        before = chunk[-1].id
