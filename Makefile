@@ -16,7 +16,7 @@ PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check --require-
 PIP_TOOLS ?= pip-tools==7.6.2
 LOCK_VENV ?= var/pip-tools
 
-.PHONY: install install-dev demo demo-code test soak-tests chaos bench bench-e2e bench-leases bench-approvals bench-console bench-all lint locks
+.PHONY: install install-dev demo demo-code test soak-tests chaos failover bench bench-e2e bench-leases bench-approvals bench-console bench-all lint locks
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -59,6 +59,12 @@ SOAK_ARGS ?= --tasks 10000 --kills 100
 chaos: install-dev
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python scripts/soak.py $(SOAK_ARGS)
 	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 2 -m "slow or not slow" tests/chaos tests/runtime tests/ledger $(PYTEST_ARGS)
+
+# A lossy failover at size: a throwaway primary and its streaming standby (initdb, pg_basebackup -R; the
+# binaries from PG_BINDIR or /usr/lib/postgresql/*/bin), never the cluster TEST_DATABASE_URL names, which
+# keeps only the payment system's records. Its small twin runs in make test; make chaos runs both.
+failover: install-dev
+	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 0 -m "slow or not slow" tests/chaos/test_standby_failover.py $(PYTEST_ARGS)
 
 # mypy's django-stubs plugin imports config.settings, which reads the environment: pin what it needs
 # so a production-like shell (DEBUG=0 without SECRET_KEY) cannot break the type check.

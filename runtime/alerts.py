@@ -136,7 +136,8 @@ def unknown_outcome_overdue(now: datetime) -> Rule:
 
 def quarantine_overdue(now: datetime) -> Rule:
     """``quarantined`` for over ``ALERT_QUARANTINE_AFTER`` seconds: nothing releases a quarantined
-    task by itself, and nobody has released or canceled this one."""
+    task by itself (but an older deployment's misjudged key, which ``runtime.rollout`` lifts at once),
+    and nobody has released or canceled this one."""
     return Rule(
         Q(
             state=State.QUARANTINED,

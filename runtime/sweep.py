@@ -6,16 +6,18 @@
 2. Tasks past their own ``deadline`` expire (from the states that allow it).
 3. A parent still waiting on children that have all ended moves on (the
    last child's worker does that itself, unless it died in between).
-4. Every runnable task without a live lease rings the doorbell again (dead
+4. A quarantine an older deployment made over an effect key it computed in
+   another scheme, the facts unchanged, is lifted (``runtime.rollout``).
+5. Every runnable task without a live lease rings the doorbell again (dead
    leases need no separate step: an expired lease is simply not live).
 
 Each move is an ordinary transition at the version read; if something else
 moved the task first, that task is skipped, not retried.
 
-Steps 1-3 move only tasks of the sweep's own region (``WORKER_REGION``, or
+Steps 1-4 move only tasks of the sweep's own region (``WORKER_REGION``, or
 ``region``): a region's sweep never advances a task another region owns, so
 after a failover (``runtime.failover``) the old region's sweep, partitioned
-and unaware, leaves the moved tasks alone. Step 4 rings for every region: a
+and unaware, leaves the moved tasks alone. Step 5 rings for every region: a
 doorbell names the task's region queue and advances nothing (the claim is
 region-filtered and fenced), so a region whose beat is down still hears it.
 """
@@ -34,6 +36,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from ledger.models import IN_DOUBT, Action
+from runtime import rollout
 from tasks import children, leases, registry
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import Task
@@ -52,6 +55,7 @@ class SweepReport:
     expired: int = 0
     rung: int = 0
     parents_woken: int = 0
+    quarantines_lifted: int = 0
 
 
 def _move(task: Task, to_state: State, trigger: Trigger, reason: str, **changes: Any) -> bool:
@@ -142,7 +146,8 @@ def sweep(
     end_overdue_waits(now, report, region)
     expire_past_deadline(now, report, region)
     report.parents_woken = children.wake_waiting(region, BATCH)
+    report.quarantines_lifted = rollout.lift_key_scheme_quarantines(region, BATCH)
     ring_for_eligible(timezone.now(), ring, report)
-    if report.waits_ended or report.expired:
+    if report.waits_ended or report.expired or report.quarantines_lifted:
         log.info("sweep", extra=vars(report))
     return report

@@ -165,6 +165,9 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
         NON_TERMINAL - {S.QUARANTINED}, S.QUARANTINED, T.QUARANTINE, A.WORKER, A.SYSTEM, A.OPERATOR, A.ADMIN
     )
     + _edges([S.QUARANTINED], S.RESUME_VALIDATION, T.RELEASE, A.OPERATOR, A.ADMIN)
+    # An older deployment's quarantine over a key it computed in another scheme, the facts unchanged:
+    # lifted by this one's sweep (runtime.rollout), nothing else.
+    + _edges([S.QUARANTINED], S.RESUME_VALIDATION, T.DEPLOYMENT_CHANGED, A.SYSTEM)
     # An ended task never leaves its terminal state, but an effect found absent
     # that landed late after all amends its report: an audited self-loop.
     + [Edge(s, s, T.LATE_EFFECT_FOUND, frozenset({A.SYSTEM})) for s in sorted(TERMINAL)]

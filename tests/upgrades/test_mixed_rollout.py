@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,8 +28,8 @@ from audit.models import TransitionEvent
 from demo.sandbox.models import Fault
 from tasks.models import Checkpoint, Lease, Task
 from tasks.states import State, Trigger
-from tests import workflow
 from tests.conftest import make_task
+from tests.upgrades import checkouts
 from tests.workflow import ROOT, WorkerProcess, database_url, put_order, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -38,33 +37,12 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 CONTRACT_LINE = "\nCheckpoint = CheckpointV3  # the current contract\n"
 OLDER_CONTRACT_LINE = "\nCheckpoint = CheckpointV2  # the current contract\n"
 OLD, NEW = "rollout-old", "rollout-new"  # DEPLOYMENT_ID of each
-# Not part of a deployment: the environment, history, caches, test data, benchmarks (and their peers).
-LEFT_OUT_AT_TOP = {".venv", ".git", "var", "bench", "test-artifacts", "tests", "node_modules", "htmlcov"}
-LEFT_OUT = shutil.ignore_patterns(
-    "__pycache__", "*.pyc", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis", ".import_linter*"
-)
 SLOW_MODEL = {"MODEL_LATENCY_MS": "1000", "LOG_LEVEL": "WARNING"}
 
 
 def older_checkout(into: Path) -> Path:
     """This tree as the previous release: a copy whose contract is ``CheckpointV2``."""
-
-    def ignore(directory: str, names: list[str]) -> set[str]:
-        left_out = set(LEFT_OUT(directory, names))
-        if Path(directory) == ROOT:
-            left_out |= LEFT_OUT_AT_TOP & set(names)
-        return left_out
-
-    tree = into / "older-checkout"
-    shutil.copytree(ROOT, tree, ignore=ignore)
-    contract = tree / "tasks" / "checkpoints.py"
-    source = contract.read_text()
-    assert source.count(CONTRACT_LINE) == 1, (
-        f"tasks/checkpoints.py no longer has the line {CONTRACT_LINE.strip()!r} exactly once: "
-        "the older checkout cannot be made from it (update this test with the contract)"
-    )
-    contract.write_text(source.replace(CONTRACT_LINE, OLDER_CONTRACT_LINE))
-    return tree
+    return checkouts.older_checkout(into, "tasks/checkpoints.py", CONTRACT_LINE, OLDER_CONTRACT_LINE)
 
 
 def old_code_creates(tree: Path, orders: list[str]) -> None:
@@ -93,8 +71,7 @@ def old_code_creates(tree: Path, orders: list[str]) -> None:
 
 
 def start(workers, monkeypatch, tree: Path, deployment: str, concurrency: int) -> WorkerProcess:
-    with monkeypatch.context() as patch:
-        patch.setattr(workflow, "ROOT", tree)  # the checkout the worker runs from (its cwd)
+    with checkouts.started_from(tree, monkeypatch):
         return workers(
             lease_ttl=3,
             extra_env={**SLOW_MODEL, "DEPLOYMENT_ID": deployment},
