@@ -4,20 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseBadRequest, QueryDict, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.utils import timezone
 
 from audit import export
+from console.paging import Keyset, keyset_page
 from tasks import selectors
 from tasks.leases import live_lease_exists
 from tasks.models import Task
-from tasks.selectors import QuarantineCursor as AgeCursor  # (state_entered_at, id), ascending
 from tasks.states import State
 from tenancy.selectors import tenant_ids_for
 
@@ -44,45 +45,35 @@ class QueuePage:
     sort: str
 
 
-def page(tasks: QuerySet[Task], params: QueryDict, *, size: int) -> QueuePage:
-    """One keyset page in the chosen order: one query whatever the table's size.
+# The queue's two orders: ``newest`` walks ``-id`` (index ``task_tenant_id``), ``age`` walks
+# ``(state_entered_at, id)`` ascending (index ``task_tenant_entered``).
+KEYSETS = {
+    "newest": Keyset("before", ("-id",), (UUID,)),
+    "age": Keyset("after", ("state_entered_at", "id"), (datetime, UUID)),
+}
 
-    ``newest`` walks ``-id`` (``before=<id>``, index ``task_tenant_id``); ``age`` walks
-    ``(state_entered_at, id)`` ascending (``after=<cursor>``, index ``task_tenant_entered``).
-    """
+
+def page(tasks: QuerySet[Task], params: QueryDict, *, size: int) -> QueuePage:
+    """One keyset page in the chosen order (``KEYSETS``): one query whatever the table's size."""
     sort = params.get("sort") or "newest"
     sort = sort if sort in SORTS else "newest"
-    rest = params.copy()
-    for key in ("before", "after"):
-        rest.pop(key, None)
-    if sort == "age":
-        cursor = AgeCursor.parse(params.get("after"))
-        if cursor is not None:
-            tasks = tasks.filter(
-                Q(state_entered_at__gt=cursor.entered_at)
-                | Q(state_entered_at=cursor.entered_at, id__gt=cursor.id)
-            )
-        ordered = tasks.order_by("state_entered_at", "id")
-    else:
-        try:
-            before: UUID | None = UUID(params.get("before", ""))
-        except ValueError:  # absent or mangled cursor: the first page
-            before = None
-        ordered = (tasks.filter(id__lt=before) if before else tasks).order_by("-id")
-    rows = list(
-        ordered.select_related("tenant")
+    keyset = KEYSETS[sort]
+    found = keyset_page(
+        tasks.select_related("tenant")
         .defer("input", "outcome")  # large JSON the list never shows
-        .annotate(leased=live_lease_exists(timezone.now()))[: size + 1]
+        .annotate(leased=live_lease_exists(timezone.now())),
+        keyset,
+        params.get(keyset.param),
+        size=size,
     )
     next_query = ""
-    if len(rows) > size:
-        last = rows[size - 1]
-        if sort == "age":
-            rest["after"] = str(AgeCursor(last.state_entered_at, last.id))
-        else:
-            rest["before"] = str(last.id)
+    if found.next_cursor:
+        rest = params.copy()
+        for other in KEYSETS.values():
+            rest.pop(other.param, None)
+        rest[keyset.param] = found.next_cursor
         next_query = rest.urlencode()
-    return QueuePage(rows[:size], next_query, sort)
+    return QueuePage(found.rows, next_query, sort)
 
 
 def summary(request: HttpRequest) -> dict[str, Any]:
