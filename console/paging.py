@@ -88,4 +88,6 @@ def _written(value: Any) -> str:
 def _read(kind: type[datetime] | type[UUID] | type[int], text: str) -> Any:
     if kind is datetime:
         return _EPOCH + int(text) * _MICRO
-    return kind(text)
+    if kind is UUID:
+        return UUID(text)
+    return int(text)

@@ -42,8 +42,8 @@ from ledger.services import action_move
 from runtime import chaos
 from runtime.dispatch import action_attributes
 from tasks import metrics
-from tasks.backoff import capped_backoff
 from tasks import services as task_services
+from tasks.backoff import capped_backoff
 from tasks.checkpoints import Progress
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import Task
