@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, ClassVar
 from uuid import UUID
 
@@ -52,6 +54,23 @@ CONFLICT = OpenApiResponse(
 
 
 # --- start and list ------------------------------------------------------------------------------
+
+
+def _started(request: Request, start: Callable[[], tuple[Task, bool]]) -> Response:
+    """The answer to a call that starts a task (a start, a rerun): 201 with the new task, 200 with the
+    one its idempotency key already started; 400 for input the task type refuses; 409 when the key
+    started a different task."""
+    try:
+        task, created = start()
+    except services.InvalidTaskInput as exc:
+        raise ValidationError({"input": exc.errors}) from None
+    except services.IdempotencyConflict as exc:
+        return Response(
+            {"detail": str(exc), "code": "idempotency_conflict", "task": str(exc.task.id)},
+            status=status.HTTP_409_CONFLICT,
+        )
+    out = TaskDetail(task, context={"request": request}).data
+    return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 class TaskCollectionApi(APIView):
@@ -122,27 +141,19 @@ class TaskCollectionApi(APIView):
         body.is_valid(raise_exception=True)
         data = body.validated_data
         tenant = self._tenant_for_create(request, data.get("tenant"))
-        try:
-            task, created = services.task_create(
-                tenant=tenant,
-                task_type=data["task_type"],
-                objective=data["objective"],
-                input=data["input"],
-                deadline=data.get("deadline"),
-                idempotency_key=data.get("idempotency_key"),
-                owner=request.user,
-                api_token=request.auth if isinstance(request.auth, ApiToken) else None,
-                actor=Actor.user(request.user, ActorKind.INTEGRATOR),
-            )
-        except services.InvalidTaskInput as exc:
-            raise ValidationError({"input": exc.errors}) from None
-        except services.IdempotencyConflict as exc:
-            return Response(
-                {"detail": str(exc), "code": "idempotency_conflict", "task": str(exc.task.id)},
-                status=status.HTTP_409_CONFLICT,
-            )
-        out = TaskDetail(task, context={"request": request}).data
-        return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        start = functools.partial(
+            services.task_create,
+            tenant=tenant,
+            task_type=data["task_type"],
+            objective=data["objective"],
+            input=data["input"],
+            deadline=data.get("deadline"),
+            idempotency_key=data.get("idempotency_key"),
+            owner=request.user,
+            api_token=request.auth if isinstance(request.auth, ApiToken) else None,
+            actor=Actor.user(request.user, ActorKind.INTEGRATOR),
+        )
+        return _started(request, start)
 
     @staticmethod
     def _tenant_for_create(request: Request, slug: str | None) -> Tenant:
@@ -334,19 +345,10 @@ class TaskRerunApi(APIView):
             raise PermissionDenied("Rerunning a task needs the operator or admin role in its tenant.")
         body = self.RerunInput(data=request.data)
         body.is_valid(raise_exception=True)
-        try:
-            rerun, created = services.task_rerun(
-                task, actor=Actor.user(request.user, ActorKind.OPERATOR), **body.validated_data
-            )
-        except services.InvalidTaskInput as exc:
-            raise ValidationError({"input": exc.errors}) from None
-        except services.IdempotencyConflict as exc:
-            return Response(
-                {"detail": str(exc), "code": "idempotency_conflict", "task": str(exc.task.id)},
-                status=status.HTTP_409_CONFLICT,
-            )
-        out = TaskDetail(rerun, context={"request": request}).data
-        return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        actor = Actor.user(request.user, ActorKind.OPERATOR)
+        return _started(
+            request, functools.partial(services.task_rerun, task, actor=actor, **body.validated_data)
+        )
 
 
 class TaskCompensateApi(APIView):
