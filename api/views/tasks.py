@@ -434,7 +434,7 @@ class _FeedApi(APIView):
     body validated by ``Body``, one service call (``deliver``), and the delivery with the task after."""
 
     token_scopes = {"POST": Scope.INTEGRATE}
-    Body: ClassVar[type[serializers.Serializer[Any]]]
+    Body: ClassVar[type[serializers.Serializer[None]]]
 
     def deliver(self, task: Task, actor: Actor, data: dict[str, Any]) -> services.Delivery:
         raise NotImplementedError
@@ -448,7 +448,7 @@ class _FeedApi(APIView):
         return _delivery_response(request, self.deliver(task, actor, body.validated_data))
 
 
-class AnswerInput(serializers.Serializer[Any]):
+class AnswerInput(serializers.Serializer[None]):
     expected_version = serializers.IntegerField(min_value=1, max_value=MAX_VERSION)
     payload = serializers.JSONField(help_text='{"answer": <string, number or boolean>}')
 
@@ -468,7 +468,7 @@ class AnswerInput(serializers.Serializer[Any]):
         return value
 
 
-class EventInput(serializers.Serializer[Any]):
+class EventInput(serializers.Serializer[None]):
     event_key = serializers.CharField(max_length=200)
     event_type = serializers.CharField(max_length=100)
     payload = serializers.JSONField(default=dict)
