@@ -76,7 +76,7 @@ def _started(request: Request, start: Callable[[], tuple[Task, bool]]) -> Respon
 class TaskCollectionApi(APIView):
     token_scopes = {"POST": Scope.INTEGRATE}
 
-    class CreateInput(serializers.Serializer):
+    class CreateInput(serializers.Serializer[None]):
         task_type = serializers.ChoiceField(choices=[])
         objective = serializers.CharField(max_length=5000)
         input = serializers.JSONField(default=dict)
@@ -190,10 +190,10 @@ class _TaskHistoryApi(APIView):
     """A paginated history list of one visible task."""
 
     model: ClassVar[type[Model]] = TransitionEvent
-    output: ClassVar[type[serializers.Serializer]] = EventOut
+    output: ClassVar[type[serializers.ModelSerializer[Any]]] = EventOut  # rows of ``model``
     pages: ClassVar[type[Pages]] = ByVersion
 
-    def rows(self, task: Task) -> QuerySet[Any]:
+    def rows(self, task: Task) -> QuerySet[Model]:
         return self.model._default_manager.filter(task=task)
 
     def get(self, request: Request, task_id: UUID) -> Response:
@@ -224,12 +224,14 @@ class TaskEventsApi(_TaskHistoryApi):
 class TaskCheckpointsApi(_TaskHistoryApi):
     model, output = Checkpoint, CheckpointOut
 
-    def rows(self, task: Task) -> QuerySet[Any]:
+    def rows(self, task: Task) -> QuerySet[Model]:
         # Each row with the digest its audit event recorded, which decoding checks it against.
         recorded = TransitionEvent.objects.filter(
             task_id=OuterRef("task_id"), state_version=OuterRef("state_version")
         ).values("checkpoint_digest")[:1]
-        return super().rows(task).annotate(recorded_digest=Subquery(recorded))
+        # django-stubs types annotate() on a queryset of the abstract Model as Any; these are checkpoints.
+        checkpoints: QuerySet[Model] = super().rows(task).annotate(recorded_digest=Subquery(recorded))
+        return checkpoints
 
 
 @extend_schema_view(
@@ -264,7 +266,7 @@ class TaskControlApi(APIView):
     schema = _ControlSchema()
     token_scopes = {"POST": Scope.OPERATE}
 
-    class ControlInput(serializers.Serializer):
+    class ControlInput(serializers.Serializer[None]):
         expected_version = serializers.IntegerField(min_value=1, max_value=MAX_VERSION)
         reason = serializers.CharField(max_length=2000)
         scope = serializers.ChoiceField(choices=controls.CANCEL_SCOPES, default="task")
@@ -274,7 +276,7 @@ class TaskControlApi(APIView):
             storable(value, "reason")
             return value
 
-    class ControlOutput(serializers.Serializer):
+    class ControlOutput(serializers.Serializer[None]):
         applied = serializers.BooleanField()
         note = serializers.CharField()
         task = TaskDetail()
@@ -314,7 +316,7 @@ class TaskRerunApi(APIView):
 
     token_scopes = {"POST": Scope.OPERATE}
 
-    class RerunInput(serializers.Serializer):
+    class RerunInput(serializers.Serializer[None]):
         reason = serializers.CharField(max_length=2000)
         idempotency_key = serializers.CharField(max_length=200, required=False, allow_blank=False)
         deadline = serializers.DateTimeField(required=False, allow_null=True)
@@ -356,7 +358,7 @@ class TaskCompensateApi(APIView):
 
     token_scopes = {"POST": Scope.OPERATE}
 
-    class CompensateInput(serializers.Serializer):
+    class CompensateInput(serializers.Serializer[None]):
         action = serializers.CharField(
             max_length=200, help_text="The effect's idempotency key, from the report"
         )
