@@ -14,8 +14,10 @@ link, which needs no key). **The JSON export is the form to verify**: its
 values are what the hash saw. The CSV is for reading in a spreadsheet, so no
 cell is one a spreadsheet would evaluate: text starting with ``=``, ``+``,
 ``-``, ``@``, a tab, CR or LF (an ``=HYPERLINK(…)`` reason) — or with the guard
-``'`` itself — is written with a leading ``'`` (``spreadsheet_cell``, for every
-CSV export). To verify a CSV anyway, undo that (``cell_text``), read
+``'`` itself — is written with a leading ``'`` (``spreadsheet_cell``; every CSV
+export, the queue's too, writes through ``stream_rows``). The guard is added on
+the way out and never reaches the chain: a hash is over the raw text. To verify
+a CSV anyway, undo it (``cell_text``: one leading ``'`` off each cell), read
 ``tenant_id``, ``state_version`` and ``attempt`` back as integers and an empty
 ``parent_id`` as null (``INTEGER_FIELDS``, ``NULLABLE_FIELDS``) before hashing. A task's
 export also names the head and version it was read up to (the JSON's
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from audit import canonical
@@ -111,10 +113,16 @@ class _Echo:
         return value
 
 
+def stream_rows(columns: Sequence[str], rows: Iterable[Iterable[Any]]) -> Iterator[str]:
+    """CSV as it streams, one line per chunk: a header row of ``columns``, then each row with every
+    value a ``spreadsheet_cell``. Every CSV export writes through here, so none can skip the guard."""
+    writer = csv.writer(_Echo())
+    yield writer.writerow(columns)
+    for row in rows:
+        yield writer.writerow([spreadsheet_cell(value) for value in row])
+
+
 def stream_csv(events: Iterable[Any]) -> Iterator[str]:
     """A header row of ``COLUMNS``, then one row per event (each value a ``spreadsheet_cell``)."""
-    writer = csv.writer(_Echo())
-    yield writer.writerow(COLUMNS)
-    for event in events:
-        record = event_record(event)
-        yield writer.writerow([spreadsheet_cell(record[name]) for name in COLUMNS])
+    records = (event_record(event) for event in events)
+    return stream_rows(COLUMNS, ([record[name] for name in COLUMNS] for record in records))

@@ -13,17 +13,17 @@ from datetime import timedelta
 from typing import Any
 
 from django import forms
-from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST, require_safe
 
 from console.access import tenant_ids_or_403
 from console.forms import ConsoleForm
+from console.posting import Done, Refusal, form_post
 from runtime import alerts
 from runtime.models import Alert, AlertKind
 from tenancy.selectors import tenant_ids_for
@@ -129,23 +129,13 @@ def _handled(request: HttpRequest, alert_id: int) -> Alert:
     return alert
 
 
-def _back(form: forms.Form) -> HttpResponse:
+def _back(form: forms.Form) -> str:
     wanted = str(form.data.get("next", ""))
     page = reverse("console:alerts")
-    return redirect(wanted if wanted.startswith(page) and "//" not in wanted else page)
+    return wanted if wanted.startswith(page) and "//" not in wanted else page
 
 
-def _act(request: HttpRequest, form: _Confirmed, action: Any) -> HttpResponse:
-    if not form.is_valid():
-        messages.error(request, form.problem())
-        return _back(form)
-    try:
-        done = action(form.cleaned_data)
-    except alerts.AlertRefused as exc:
-        messages.error(request, f"Nothing recorded: {exc}")
-    else:
-        messages.success(request, done)
-    return _back(form)
+NOT_RECORDED = Refusal(alerts.AlertRefused, lambda exc: f"Nothing recorded: {exc}")
 
 
 @login_required
@@ -153,13 +143,14 @@ def _act(request: HttpRequest, form: _Confirmed, action: Any) -> HttpResponse:
 def alert_acknowledge(request: HttpRequest, alert_id: int) -> HttpResponse:
     alert = _handled(request, alert_id)
 
-    def acknowledge(data: dict[str, Any]) -> str:
+    def acknowledge(data: dict[str, Any]) -> Done:
         _, first = alerts.acknowledge(alert, user=request.user, note=data["note"])
         if first:
-            return f"Alert #{alert.id} acknowledged."
-        return f"Your note is recorded; alert #{alert.id} was already acknowledged by someone else."
+            return Done(f"Alert #{alert.id} acknowledged.")
+        return Done(f"Your note is recorded; alert #{alert.id} was already acknowledged by someone else.")
 
-    return _act(request, AcknowledgeForm(request.POST), acknowledge)
+    form = AcknowledgeForm(request.POST)
+    return form_post(request, form, acknowledge, back=_back(form), refusals=(NOT_RECORDED,))
 
 
 @login_required
@@ -167,9 +158,10 @@ def alert_acknowledge(request: HttpRequest, alert_id: int) -> HttpResponse:
 def alert_snooze(request: HttpRequest, alert_id: int) -> HttpResponse:
     alert = _handled(request, alert_id)
 
-    def snooze(data: dict[str, Any]) -> str:
+    def snooze(data: dict[str, Any]) -> Done:
         until = timezone.now() + SNOOZE_FOR[data["duration"]]
         alerts.snooze(alert, user=request.user, until=until, note=data["note"])
-        return f"Alert #{alert.id} snoozed until {timezone.localtime(until):%Y-%m-%d %H:%M %Z}."
+        return Done(f"Alert #{alert.id} snoozed until {timezone.localtime(until):%Y-%m-%d %H:%M %Z}.")
 
-    return _act(request, SnoozeForm(request.POST), snooze)
+    form = SnoozeForm(request.POST)
+    return form_post(request, form, snooze, back=_back(form), refusals=(NOT_RECORDED,))

@@ -20,6 +20,7 @@ from django.urls import reverse
 
 from console.access import AUDIT_ROLES, tenant_ids_or_403
 from console.forms import ConsoleForm
+from console.paging import Keyset, keyset_page
 from reads import queue, visibility
 from runtime import bulk, controls
 from runtime.models import BulkOperation, BulkResult, Outcome
@@ -32,6 +33,7 @@ MAX_IDS = 500  # ticked rows per request; "everything matching" has no such limi
 SAMPLE = 20
 RESULTS_SHOWN = 500
 LIST_PAGE = 50
+NEWEST = Keyset("before", ("-id",), (UUID,))  # past operations: ids are UUIDv7, time ordered
 # Not filters: the selection, the form and the paging travel beside them.
 NOT_FILTERS = ("ids", "target", "control", "reason", "scope", "escalate_to", "before", "after", "sort")
 
@@ -174,17 +176,7 @@ def visible_operations(user: Any) -> QuerySet[BulkOperation]:
 @login_required
 def operations(request: HttpRequest) -> HttpResponse:
     """Past bulk operations, newest first (ids are UUIDv7: time ordered), keyset paged on ``before``."""
-    found = visible_operations(request.user)
-    try:
-        before: UUID | None = UUID(request.GET.get("before", ""))
-    except ValueError:  # absent or mangled cursor: the first page
-        before = None
-    if before is not None:
-        found = found.filter(id__lt=before)
-    rows = list(found.defer("selection").order_by("-id")[: LIST_PAGE + 1])
-    context = {
-        "operations": rows[:LIST_PAGE],
-        "next_before": str(rows[LIST_PAGE - 1].id) if len(rows) > LIST_PAGE else "",
-        "first_page": before is None,
-    }
+    found = visible_operations(request.user).defer("selection")
+    page = keyset_page(found, NEWEST, request.GET.get(NEWEST.param), size=LIST_PAGE)
+    context = {"operations": page.rows, "next_before": page.next_cursor, "first_page": page.first}
     return render(request, "console/bulk_list.html", context)

@@ -56,6 +56,9 @@ class SavedViewForm(ConsoleForm):
     name = forms.CharField(required=False, strip=False)
     query = forms.CharField(required=False, strip=False)
 
+    def problem(self) -> str:
+        return self.unstorable() or self.errors.as_text()
+
 
 def _problem(form: ConsoleForm) -> str:
     """One sentence for the message shown after a refused post (the typed text is kept)."""

@@ -16,11 +16,12 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from console.access import get_task_for_user
 from console.forms import ConsoleForm
+from console.posting import Done, Refusal, form_post
 from protection.holds import set_legal_hold
 from tasks import selectors
 from tasks.exceptions import TaskNotFound
@@ -36,6 +37,9 @@ class LegalHoldForm(ConsoleForm):
     )
     reason = forms.CharField(max_length=500, label="Reason")
 
+    def problem(self) -> str:
+        return "A reason is required (up to 500 characters): the hold is unchanged."
+
 
 def may_hold(user: Any, task: Task) -> bool:
     """Tenant admins place and lift legal holds."""
@@ -48,22 +52,15 @@ def task_legal_hold(request: HttpRequest, task_id: UUID) -> HttpResponse:
     task = get_task_for_user(request.user, task_id)
     if not may_hold(request.user, task):
         raise PermissionDenied
-    form = LegalHoldForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, "A reason is required (up to 500 characters): the hold is unchanged.")
-        return redirect("console:task", task_id=task.id)
-    hold = form.cleaned_data["hold"]
-    try:
-        changed = set_legal_hold(
-            task, hold=hold, by=request.user.get_username(), reason=form.cleaned_data["reason"]
+
+    def act(data: dict[str, Any]) -> Done:
+        hold = data["hold"]
+        if set_legal_hold(task, hold=hold, by=request.user.get_username(), reason=data["reason"]):
+            return Done("Legal hold placed." if hold else "Legal hold lifted.")
+        return Done(
+            "Nothing changed: a hold is in force." if hold else "Nothing changed: no hold.", messages.INFO
         )
-    except TaskNotFound:
-        messages.error(request, "This task no longer exists.")
-        return redirect("console:queue")
-    if changed:
-        messages.success(request, "Legal hold placed." if hold else "Legal hold lifted.")
-    else:
-        messages.info(
-            request, "Nothing changed: a hold is in force." if hold else "Nothing changed: no hold."
-        )
-    return redirect("console:task", task_id=task.id)
+
+    gone = Refusal(TaskNotFound, lambda exc: "This task no longer exists.", to=reverse("console:queue"))
+    back = reverse("console:task", kwargs={"task_id": task.id})
+    return form_post(request, LegalHoldForm(request.POST), act, back=back, refusals=(gone,))

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from django.contrib.auth.decorators import login_required
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseBadRequest, QueryDict, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from django.utils import timezone
 
 from audit import export
+from console.paging import Keyset, keyset_page
 from reads import queue, visibility
-from reads.quarantine import QuarantineCursor as AgeCursor  # (state_entered_at, id), ascending
 from tasks.models import Task
 from tasks.states import State
 from tenancy.selectors import tenant_ids_for
@@ -44,41 +44,28 @@ class QueuePage:
     sort: str
 
 
-def page(tasks: QuerySet[Task], params: QueryDict, *, size: int) -> QueuePage:
-    """One keyset page in the chosen order: one query whatever the table's size.
+# The queue's two orders: ``newest`` walks ``-id`` (index ``task_tenant_id``), ``age`` walks
+# ``(state_entered_at, id)`` ascending (index ``task_tenant_entered``).
+KEYSETS = {
+    "newest": Keyset("before", ("-id",), (UUID,)),
+    "age": Keyset("after", ("state_entered_at", "id"), (datetime, UUID)),
+}
 
-    ``newest`` walks ``-id`` (``before=<id>``, index ``task_tenant_id``); ``age`` walks
-    ``(state_entered_at, id)`` ascending (``after=<cursor>``, index ``task_tenant_entered``).
-    """
+
+def page(tasks: QuerySet[Task], params: QueryDict, *, size: int) -> QueuePage:
+    """One keyset page in the chosen order (``KEYSETS``): one query whatever the table's size."""
     sort = params.get("sort") or "newest"
     sort = sort if sort in SORTS else "newest"
-    rest = params.copy()
-    for key in ("before", "after"):
-        rest.pop(key, None)
-    if sort == "age":
-        cursor = AgeCursor.parse(params.get("after"))
-        if cursor is not None:
-            tasks = tasks.filter(
-                Q(state_entered_at__gt=cursor.entered_at)
-                | Q(state_entered_at=cursor.entered_at, id__gt=cursor.id)
-            )
-        ordered = tasks.order_by("state_entered_at", "id")
-    else:
-        try:
-            before: UUID | None = UUID(params.get("before", ""))
-        except ValueError:  # absent or mangled cursor: the first page
-            before = None
-        ordered = (tasks.filter(id__lt=before) if before else tasks).order_by("-id")
-    rows = list(queue.queue_rows(ordered)[: size + 1])
+    keyset = KEYSETS[sort]
+    found = keyset_page(queue.queue_rows(tasks), keyset, params.get(keyset.param), size=size)
     next_query = ""
-    if len(rows) > size:
-        last = rows[size - 1]
-        if sort == "age":
-            rest["after"] = str(AgeCursor(last.state_entered_at, last.id))
-        else:
-            rest["before"] = str(last.id)
+    if found.next_cursor:
+        rest = params.copy()
+        for other in KEYSETS.values():
+            rest.pop(other.param, None)
+        rest[keyset.param] = found.next_cursor
         next_query = rest.urlencode()
-    return QueuePage(rows[:size], next_query, sort)
+    return QueuePage(found.rows, next_query, sort)
 
 
 def summary(request: HttpRequest) -> dict[str, Any]:
@@ -92,30 +79,17 @@ def summary(request: HttpRequest) -> dict[str, Any]:
     return {"live": rows, "finished": shown(finished)}
 
 
-def _cell(value: Any) -> Any:
-    """A CSV cell a spreadsheet will not evaluate: the audit exports' one rule."""
-    return export.spreadsheet_cell(None if value is None else str(value))
-
-
-class _Echo:
-    def write(self, value: str) -> str:
-        return value
+def _csv_row(task: Task) -> list[Any]:
+    return [
+        task.id, task.tenant.slug, task.task_type, task.state, task.state_version, task.state_reason,
+        task.region, task.escalation_level, task.escalated_to, task.objective, task.idempotency_key,
+        task.created_at.isoformat(), task.state_entered_at.isoformat(),
+    ]  # fmt: skip
 
 
 def _csv_rows(tasks: QuerySet[Task]) -> Iterator[str]:
-    writer = csv.writer(_Echo())
-    yield writer.writerow(EXPORT_COLUMNS)
-    for chunk in queue.keyset_chunks(tasks, size=EXPORT_CHUNK):
-        for task in chunk:
-            yield writer.writerow(
-                [
-                    _cell(task.id), _cell(task.tenant.slug), _cell(task.task_type), _cell(task.state),
-                    task.state_version, _cell(task.state_reason), _cell(task.region),
-                    task.escalation_level, _cell(task.escalated_to), _cell(task.objective),
-                    _cell(task.idempotency_key), task.created_at.isoformat(),
-                    task.state_entered_at.isoformat(),
-                ]
-            )  # fmt: skip
+    chunks = queue.keyset_chunks(tasks, size=EXPORT_CHUNK)
+    return export.stream_rows(EXPORT_COLUMNS, (_csv_row(task) for chunk in chunks for task in chunk))
 
 
 @login_required

@@ -6,6 +6,8 @@ The queue lists them as links; saving keeps only the queue's filter keys and its
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
@@ -14,6 +16,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from console.forms import SavedViewForm
+from console.posting import Done, Refusal, form_post
 from reads.queue import TaskFilter
 from tenancy import services
 from tenancy.models import SavedView
@@ -30,22 +33,17 @@ def _back(query: str) -> str:
 @login_required
 @require_POST
 def save(request: HttpRequest) -> HttpResponse:
-    form = SavedViewForm(request.POST)
     query = request.POST.get("query", "")
-    try:
-        if not form.is_valid():
-            raise services.SavedViewRefused(form.unstorable() or form.errors.as_text())
+
+    def act(data: dict[str, Any]) -> Done:
         view = services.saved_view_create(
-            request.user,
-            name=form.cleaned_data["name"],
-            query=form.cleaned_data["query"],
-            allowed_keys=QUEUE_KEYS,
+            request.user, name=data["name"], query=data["query"], allowed_keys=QUEUE_KEYS
         )
-    except services.SavedViewRefused as exc:
-        messages.error(request, str(exc))
-        return redirect(_back(services.clean_query(query[: SavedView.QUERY_MAX], QUEUE_KEYS)))
-    messages.success(request, f"Saved the view “{view.name}”.")
-    return redirect(_back(view.query))
+        return Done(f"Saved the view “{view.name}”.", to=_back(view.query))
+
+    back = _back(services.clean_query(query[: SavedView.QUERY_MAX], QUEUE_KEYS))
+    refused = Refusal(services.SavedViewRefused, str)
+    return form_post(request, SavedViewForm(request.POST), act, back=back, refusals=(refused,))
 
 
 @login_required

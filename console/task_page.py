@@ -13,7 +13,9 @@ checkpoint viewer reads one or two rows, the rest are capped lists.
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -26,6 +28,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.cache import add_never_cache_headers, patch_vary_headers
 from django.utils.html import format_html
@@ -36,6 +39,7 @@ from audit import sealing
 from audit.models import LeaseTakeover, TransitionEvent
 from console.access import can_operate, get_task_for_user
 from console.forms import DESTRUCTIVE, AnswerForm, CompensateForm, ControlForm, RerunForm, RevealForm
+from console.posting import Done, Refusal, form_post
 from console.quarantine import BEFORE_RELEASE
 from ledger import integrity
 from protection import retention, reveal
@@ -693,12 +697,23 @@ def _operable(request: HttpRequest, task_id: UUID) -> Task:
     return task
 
 
-def _conflict(request: HttpRequest, exc: StaleVersion) -> None:
-    messages.error(
-        request,
+def _conflict(exc: StaleVersion) -> str:
+    return (
         f"This task changed since you opened it (it is now {exc.state}, version {exc.state_version}). "
-        "Review it and try again: your text is kept below.",
+        "Review it and try again: your text is kept below."
     )
+
+
+def _page(task: Task) -> str:
+    return reverse("console:task", kwargs={"task_id": task.id})
+
+
+def _kept(request: HttpRequest, task: Task, form: str) -> Callable[[], None]:
+    """Keeps what the operator typed in ``form`` (``_keep_draft``) when the post is refused."""
+    return functools.partial(_keep_draft, request, task, form, request.POST)
+
+
+STALE = Refusal(StaleVersion, _conflict)
 
 
 @login_required
@@ -708,41 +723,41 @@ def task_control(request: HttpRequest, task_id: UUID, control: str) -> HttpRespo
         raise Http404("No such control")
     task = _operable(request, task_id)
     form = ControlForm(request.POST, control=control)
-    if not form.is_valid():
-        _keep_draft(request, task, control, request.POST)
+
+    def problem() -> str:
         stale = form.cleaned_data.get("expected_version") not in (None, task.state_version)
         if set(form.errors) == {"confirm"} and stale:
             # Confirming a page that is out of date would confirm the wrong thing: say so first.
-            _conflict(request, StaleVersion("stale page", state=task.state, state_version=task.state_version))
-        else:
-            messages.error(request, form.problem())
-        return redirect("console:task", task_id=task.id)
-    data = {k: v for k, v in form.cleaned_data.items() if k != "confirm" and v not in ("", None)}
-    try:
-        result = controls.task_control(
-            task, control, user=request.user, roles=selectors.roles_in(request.user, task), **data
-        )
-    except StaleVersion as exc:
-        _keep_draft(request, task, control, request.POST)
-        _conflict(request, exc)
-    except TransitionNotAllowed as exc:
-        _keep_draft(request, task, control, request.POST)
-        messages.error(request, f"Not possible: {exc}")
-    except CheckpointUnreadable as exc:
-        messages.error(
-            request,
-            f"Nothing changed: the task's checkpoint still cannot be read ({exc.reason}: {exc.detail}).",
-        )
-    else:
+            return _conflict(StaleVersion("stale page", state=task.state, state_version=task.state_version))
+        return form.problem()
+
+    def act(data: dict[str, Any]) -> Done:
+        given = {k: v for k, v in data.items() if k != "confirm" and v not in ("", None)}
+        roles = selectors.roles_in(request.user, task)
+        result = controls.task_control(task, control, user=request.user, roles=roles, **given)
         note = f" ({result.note})" if result.note else ""
         if result.applied:
-            messages.success(
-                request,
-                f"{controls.label(control).capitalize()} applied; the task is now {result.task.state}.{note}",
-            )
-        else:
-            messages.info(request, f"Nothing changed: the task is {result.task.state}.{note}")
-    return redirect("console:task", task_id=task.id)
+            label = controls.label(control).capitalize()
+            return Done(f"{label} applied; the task is now {result.task.state}.{note}")
+        return Done(f"Nothing changed: the task is {result.task.state}.{note}", messages.INFO)
+
+    unreadable = Refusal(
+        CheckpointUnreadable,
+        lambda exc: (
+            f"Nothing changed: the task's checkpoint still cannot be read ({exc.reason}: {exc.detail})."
+        ),
+        keep=False,
+    )
+    refusals = (STALE, Refusal(TransitionNotAllowed, lambda exc: f"Not possible: {exc}"), unreadable)
+    return form_post(
+        request,
+        form,
+        act,
+        back=_page(task),
+        refusals=refusals,
+        keep=_kept(request, task, control),
+        problem=problem,
+    )
 
 
 @login_required
@@ -750,31 +765,30 @@ def task_control(request: HttpRequest, task_id: UUID, control: str) -> HttpRespo
 def task_answer(request: HttpRequest, task_id: UUID) -> HttpResponse:
     """Answer a task in ``waiting_input`` as an operator (``tasks.services.task_provide_input``)."""
     task = _operable(request, task_id)
-    form = AnswerForm(request.POST)
-    if not form.is_valid():
-        _keep_draft(request, task, "answer", request.POST)
-        messages.error(request, form.problem())
-        return redirect("console:task", task_id=task.id)
-    actor = Actor.user(request.user, ActorKind.OPERATOR)
-    try:
+
+    def act(data: dict[str, Any]) -> Done:
         delivery = services.task_provide_input(
             task,
-            expected_version=form.cleaned_data["expected_version"],
-            answer=form.cleaned_data["answer"],
-            actor=actor,
+            expected_version=data["expected_version"],
+            answer=data["answer"],
+            actor=Actor.user(request.user, ActorKind.OPERATOR),
         )
-    except StaleVersion as exc:
-        _keep_draft(request, task, "answer", request.POST)
-        _conflict(request, exc)
-    except (TransitionNotAllowed, CheckpointUnreadable) as exc:
-        _keep_draft(request, task, "answer", request.POST)
-        messages.error(request, f"Not possible: {exc}")
-    else:
         if delivery.applied:
-            messages.success(request, f"Answer recorded; the task is now {delivery.task.state}.")
-        else:
-            messages.info(request, f"Nothing changed: {delivery.note}.")
-    return redirect("console:task", task_id=task.id)
+            return Done(f"Answer recorded; the task is now {delivery.task.state}.")
+        return Done(f"Nothing changed: {delivery.note}.", messages.INFO)
+
+    refusals = (
+        STALE,
+        Refusal((TransitionNotAllowed, CheckpointUnreadable), lambda exc: f"Not possible: {exc}"),
+    )
+    return form_post(
+        request,
+        AnswerForm(request.POST),
+        act,
+        back=_page(task),
+        refusals=refusals,
+        keep=_kept(request, task, "answer"),
+    )
 
 
 @login_required
@@ -782,27 +796,27 @@ def task_answer(request: HttpRequest, task_id: UUID) -> HttpResponse:
 def task_rerun(request: HttpRequest, task_id: UUID) -> HttpResponse:
     """Start a new task that reruns a failed, expired or canceled one (``tasks.services.task_rerun``)."""
     task = _operable(request, task_id)
-    form = RerunForm(request.POST)
-    if not form.is_valid():
-        _keep_draft(request, task, "rerun", request.POST)
-        messages.error(request, form.problem())
-        return redirect("console:task", task_id=task.id)
-    try:
+
+    def act(data: dict[str, Any]) -> Done:
         rerun, created = services.task_rerun(
             task,
             actor=Actor.user(request.user, ActorKind.OPERATOR),
-            reason=form.cleaned_data["reason"],
-            idempotency_key=form.cleaned_data["idempotency_key"] or None,
+            reason=data["reason"],
+            idempotency_key=data["idempotency_key"] or None,
         )
-    except (TransitionNotAllowed, services.InvalidTaskInput, services.IdempotencyConflict) as exc:
-        _keep_draft(request, task, "rerun", request.POST)
-        messages.error(request, f"Not rerun: {exc}")
-        return redirect("console:task", task_id=task.id)
-    if created:
-        messages.success(request, f"Rerun started: this task reruns {task.id}.")
-    else:
-        messages.info(request, "This rerun was already started (the form was sent twice).")
-    return redirect("console:task", task_id=rerun.id)
+        if created:
+            return Done(f"Rerun started: this task reruns {task.id}.", to=_page(rerun))
+        return Done("This rerun was already started (the form was sent twice).", messages.INFO, _page(rerun))
+
+    refused = (TransitionNotAllowed, services.InvalidTaskInput, services.IdempotencyConflict)
+    return form_post(
+        request,
+        RerunForm(request.POST),
+        act,
+        back=_page(task),
+        refusals=(Refusal(refused, lambda exc: f"Not rerun: {exc}"),),
+        keep=_kept(request, task, "rerun"),
+    )
 
 
 @login_required
@@ -810,22 +824,16 @@ def task_rerun(request: HttpRequest, task_id: UUID) -> HttpResponse:
 def task_compensate(request: HttpRequest, task_id: UUID) -> HttpResponse:
     """Undo an effect a canceled task left done, as a compensation run (``tasks.compensation``)."""
     task = _operable(request, task_id)
-    form = CompensateForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, form.problem())
-        return redirect("console:task", task_id=task.id)
-    try:
-        run, created = compensation.start(
-            task, form.cleaned_data["action"], user=request.user, reason=form.cleaned_data["reason"]
-        )
-    except (compensation.NotCompensable, services.InvalidTaskInput) as exc:
-        messages.error(request, f"Nothing was started: {exc}")
-        return redirect("console:task", task_id=task.id)
-    if created:
-        messages.success(request, f"Compensation started: this task undoes {form.cleaned_data['action']}.")
-    else:
-        messages.info(request, "This effect's compensation was already started: here it is.")
-    return redirect("console:task", task_id=run.id)
+
+    def act(data: dict[str, Any]) -> Done:
+        run, created = compensation.start(task, data["action"], user=request.user, reason=data["reason"])
+        if created:
+            return Done(f"Compensation started: this task undoes {data['action']}.", to=_page(run))
+        return Done("This effect's compensation was already started: here it is.", messages.INFO, _page(run))
+
+    refused = (compensation.NotCompensable, services.InvalidTaskInput)
+    refusals = (Refusal(refused, lambda exc: f"Nothing was started: {exc}"),)
+    return form_post(request, CompensateForm(request.POST), act, back=_page(task), refusals=refusals)
 
 
 @login_required

@@ -43,6 +43,7 @@ from runtime import chaos
 from runtime.dispatch import action_attributes
 from tasks import metrics
 from tasks import services as task_services
+from tasks.backoff import capped_backoff
 from tasks.checkpoints import Progress
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import Task
@@ -142,8 +143,7 @@ def resend_backoff(sends: int, *, rng: random.Random | None = None) -> timedelta
     The jitter (between half and all of the delay) keeps many tasks that failed
     together from resending together.
     """
-    base = settings.LEDGER_RESEND_BACKOFF * 2 ** max(sends - 1, 0)
-    delay = min(base, settings.LEDGER_RESEND_BACKOFF_MAX)
+    delay = capped_backoff(settings.LEDGER_RESEND_BACKOFF, sends - 1, settings.LEDGER_RESEND_BACKOFF_MAX)
     return timedelta(seconds=delay * (rng or random).uniform(0.5, 1.0))
 
 

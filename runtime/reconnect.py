@@ -42,6 +42,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 
 from runtime import db
 from tasks import leases, metrics
+from tasks.backoff import capped_backoff
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ class Backoff:
     attempt: int = 0
 
     def next(self) -> float:
-        ceiling = min(self.cap, self.base * 2**self.attempt)
+        ceiling = capped_backoff(self.base, self.attempt, self.cap)
         self.attempt += 1
         return random.uniform(self.base, max(self.base, ceiling))
 

@@ -22,6 +22,7 @@ from pydantic import BaseModel, StringConstraints
 
 from audit import sealing
 from ledger.policy import MoneyPolicy
+from tasks.backoff import capped_backoff
 
 ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 Facts = Mapping[str, Any]
@@ -194,6 +195,7 @@ class TaskType:
     toolset_id: str = ""
     max_attempts: int = 5
     backoff: timedelta = timedelta(seconds=5)  # doubled per attempt
+    backoff_max: timedelta = timedelta(minutes=5)  # however many attempts, no wait is longer
     # What a changed policy version found on resume means: start planning again
     # from ``replan_step``, or carry on.
     on_policy_change: Literal["replan", "proceed"] = "replan"
@@ -285,8 +287,10 @@ class TaskType:
         return found
 
     def backoff_for(self, attempt: int) -> timedelta:
-        factor: int = 2 ** max(attempt - 1, 0)  # int ** int is typed Any (a negative power is a float)
-        return self.backoff * factor
+        """The wait after failed attempt ``attempt``: ``backoff``, doubled for each attempt after the
+        first, at most ``backoff_max``."""
+        base, cap = self.backoff.total_seconds(), self.backoff_max.total_seconds()
+        return timedelta(seconds=capped_backoff(base, attempt - 1, cap))
 
 
 _REGISTRY: dict[str, TaskType] = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, ClassVar
 from uuid import UUID
 
@@ -63,6 +65,23 @@ CONFLICT = OpenApiResponse(
 
 
 # --- start and list ------------------------------------------------------------------------------
+
+
+def _started(request: Request, start: Callable[[], tuple[Task, bool]]) -> Response:
+    """The answer to a call that starts a task (a start, a rerun): 201 with the new task, 200 with the
+    one its idempotency key already started; 400 for input the task type refuses; 409 when the key
+    started a different task."""
+    try:
+        task, created = start()
+    except services.InvalidTaskInput as exc:
+        raise ValidationError({"input": exc.errors}) from None
+    except services.IdempotencyConflict as exc:
+        return Response(
+            {"detail": str(exc), "code": "idempotency_conflict", "task": str(exc.task.id)},
+            status=status.HTTP_409_CONFLICT,
+        )
+    out = task_detail_data(task, request.user)
+    return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 class TaskCollectionApi(APIView):
@@ -133,27 +152,19 @@ class TaskCollectionApi(APIView):
         body.is_valid(raise_exception=True)
         data = body.validated_data
         tenant = self._tenant_for_create(request, data.get("tenant"))
-        try:
-            task, created = services.task_create(
-                tenant=tenant,
-                task_type=data["task_type"],
-                objective=data["objective"],
-                input=data["input"],
-                deadline=data.get("deadline"),
-                idempotency_key=data.get("idempotency_key"),
-                owner=request.user,
-                api_token=request.auth if isinstance(request.auth, ApiToken) else None,
-                actor=Actor.user(request.user, ActorKind.INTEGRATOR),
-            )
-        except services.InvalidTaskInput as exc:
-            raise ValidationError({"input": exc.errors}) from None
-        except services.IdempotencyConflict as exc:
-            return Response(
-                {"detail": str(exc), "code": "idempotency_conflict", "task": str(exc.task.id)},
-                status=status.HTTP_409_CONFLICT,
-            )
-        out = task_detail_data(task, request.user)
-        return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        start = functools.partial(
+            services.task_create,
+            tenant=tenant,
+            task_type=data["task_type"],
+            objective=data["objective"],
+            input=data["input"],
+            deadline=data.get("deadline"),
+            idempotency_key=data.get("idempotency_key"),
+            owner=request.user,
+            api_token=request.auth if isinstance(request.auth, ApiToken) else None,
+            actor=Actor.user(request.user, ActorKind.INTEGRATOR),
+        )
+        return _started(request, start)
 
     @staticmethod
     def _tenant_for_create(request: Request, slug: str | None) -> Tenant:
@@ -347,19 +358,10 @@ class TaskRerunApi(APIView):
             raise PermissionDenied("Rerunning a task needs the operator or admin role in its tenant.")
         body = self.RerunInput(data=request.data)
         body.is_valid(raise_exception=True)
-        try:
-            rerun, created = services.task_rerun(
-                task, actor=Actor.user(request.user, ActorKind.OPERATOR), **body.validated_data
-            )
-        except services.InvalidTaskInput as exc:
-            raise ValidationError({"input": exc.errors}) from None
-        except services.IdempotencyConflict as exc:
-            return Response(
-                {"detail": str(exc), "code": "idempotency_conflict", "task": str(exc.task.id)},
-                status=status.HTTP_409_CONFLICT,
-            )
-        out = task_detail_data(rerun, request.user)
-        return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        actor = Actor.user(request.user, ActorKind.OPERATOR)
+        return _started(
+            request, functools.partial(services.task_rerun, task, actor=actor, **body.validated_data)
+        )
 
 
 class TaskCompensateApi(APIView):
@@ -440,50 +442,75 @@ def _integrator(request: Request, task: Task) -> Actor:
     return Actor.user(request.user, ActorKind.INTEGRATOR)
 
 
-class TaskInputApi(APIView):
-    """POST /api/tasks/{id}/input/ — answer a task waiting for input."""
+class _FeedApi(APIView):
+    """What feeding a task from outside shares: the task in the caller's tenants, the feeding role, the
+    body validated by ``Body``, one service call (``deliver``), and the delivery with the task after."""
 
     token_scopes = {"POST": Scope.INTEGRATE}
+    Body: ClassVar[type[serializers.Serializer[None]]]
 
-    class AnswerInput(serializers.Serializer[None]):
-        expected_version = serializers.IntegerField(min_value=1, max_value=MAX_VERSION)
-        payload = serializers.JSONField(help_text='{"answer": <string, number or boolean>}')
+    def deliver(self, task: Task, actor: Actor, data: dict[str, Any]) -> services.Delivery:
+        raise NotImplementedError
 
-        def validate_payload(self, value: Any) -> dict[str, Any]:
-            if not isinstance(value, dict) or "answer" not in value:
-                raise serializers.ValidationError('Expected an object with an "answer".')
-            answer = value["answer"]
-            if not isinstance(answer, str | int | float | bool) or (
-                isinstance(answer, str) and len(answer) > 2000
-            ):
-                raise serializers.ValidationError(
-                    "answer must be a string (up to 2000 characters), number or boolean."
-                )
-            if isinstance(answer, int) and not isinstance(answer, bool) and abs(answer) > 2**53:
-                raise serializers.ValidationError("answer is too large a number.")
-            storable(value, "payload")
-            return value
-
-    @extend_schema(
-        operation_id="tasks_input",
-        request=AnswerInput,
-        responses=FEED_RESPONSES,
-    )
+    # No docstring here: drf-spectacular would make it every subclass's operation description.
     def post(self, request: Request, task_id: UUID) -> Response:
         task = visibility.get_visible_task(request.user, task_id)
         actor = _integrator(request, task)
-        body = self.AnswerInput(data=request.data)
+        body = self.Body(data=request.data)
         body.is_valid(raise_exception=True)
-        delivery = services.task_provide_input(
-            task,
-            expected_version=body.validated_data["expected_version"],
-            answer=body.validated_data["payload"]["answer"],
-            actor=actor,
+        return _delivery_response(request, self.deliver(task, actor, body.validated_data))
+
+
+class AnswerInput(serializers.Serializer[None]):
+    expected_version = serializers.IntegerField(min_value=1, max_value=MAX_VERSION)
+    payload = serializers.JSONField(help_text='{"answer": <string, number or boolean>}')
+
+    def validate_payload(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict) or "answer" not in value:
+            raise serializers.ValidationError('Expected an object with an "answer".')
+        answer = value["answer"]
+        if not isinstance(answer, str | int | float | bool) or (
+            isinstance(answer, str) and len(answer) > 2000
+        ):
+            raise serializers.ValidationError(
+                "answer must be a string (up to 2000 characters), number or boolean."
+            )
+        if isinstance(answer, int) and not isinstance(answer, bool) and abs(answer) > 2**53:
+            raise serializers.ValidationError("answer is too large a number.")
+        storable(value, "payload")
+        return value
+
+
+class EventInput(serializers.Serializer[None]):
+    event_key = serializers.CharField(max_length=200)
+    event_type = serializers.CharField(max_length=100)
+    payload = serializers.JSONField(default=dict)
+
+    def validate_payload(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("Expected a JSON object.")
+        storable(value, "payload")
+        return value
+
+
+@extend_schema_view(
+    post=extend_schema(operation_id="tasks_input", request=AnswerInput, responses=FEED_RESPONSES)
+)
+class TaskInputApi(_FeedApi):
+    """POST /api/tasks/{id}/input/ — answer a task waiting for input."""
+
+    Body = AnswerInput
+
+    def deliver(self, task: Task, actor: Actor, data: dict[str, Any]) -> services.Delivery:
+        return services.task_provide_input(
+            task, expected_version=data["expected_version"], answer=data["payload"]["answer"], actor=actor
         )
-        return _delivery_response(request, delivery)
 
 
-class TaskExternalEventApi(APIView):
+@extend_schema_view(
+    post=extend_schema(operation_id="tasks_external_events", request=EventInput, responses=FEED_RESPONSES)
+)
+class TaskExternalEventApi(_FeedApi):
     """POST /api/tasks/{id}/external-events/ — deliver an event; ``event_key`` dedupes.
 
     A repeated ``event_key`` answers 200 ``applied: false`` (also once the task
@@ -492,28 +519,7 @@ class TaskExternalEventApi(APIView):
     (``too_many_events``): retrying it will not help, so not a 429.
     """
 
-    token_scopes = {"POST": Scope.INTEGRATE}
+    Body = EventInput
 
-    class EventInput(serializers.Serializer[None]):
-        event_key = serializers.CharField(max_length=200)
-        event_type = serializers.CharField(max_length=100)
-        payload = serializers.JSONField(default=dict)
-
-        def validate_payload(self, value: Any) -> dict[str, Any]:
-            if not isinstance(value, dict):
-                raise serializers.ValidationError("Expected a JSON object.")
-            storable(value, "payload")
-            return value
-
-    @extend_schema(
-        operation_id="tasks_external_events",
-        request=EventInput,
-        responses=FEED_RESPONSES,
-    )
-    def post(self, request: Request, task_id: UUID) -> Response:
-        task = visibility.get_visible_task(request.user, task_id)
-        actor = _integrator(request, task)
-        body = self.EventInput(data=request.data)
-        body.is_valid(raise_exception=True)
-        delivery = services.task_deliver_event(task, actor=actor, **body.validated_data)
-        return _delivery_response(request, delivery)
+    def deliver(self, task: Task, actor: Actor, data: dict[str, Any]) -> services.Delivery:
+        return services.task_deliver_event(task, actor=actor, **data)

@@ -346,6 +346,30 @@ def test_the_csv_export_of_a_task_verifies_offline(auditor, acme, monkeypatch):
     )
 
 
+def test_a_csv_export_with_a_formula_reason_is_guarded_and_still_verifies_offline(auditor, acme):
+    formula = '=HYPERLINK("https://evil.example/","open")'
+    task = task_with_history(acme, steps=1)
+    advance(task.id, 2, State.READY, actor=Actor.worker("w1"), progress=progress("s1"), reason=formula)
+    text = body(client_for(auditor).get(f"/console/audit/tasks/{task.id}/export.csv"))
+    cells = [cell for row in csv.reader(io.StringIO(text)) for cell in row]
+    assert f"'{formula}" in cells and formula not in cells  # text to a spreadsheet, never a formula
+    records = from_csv(text)
+
+    assert records[-1]["reason"] == formula  # the guard undone is the text the hash saw
+    head = Task.objects.get(pk=task.pk)
+    assert all(recomputed(record) == record["hash"] for record in records)
+    assert (
+        verify_events(
+            task.id,
+            as_events(records),
+            head=head.audit_head,
+            state_version=head.state_version,
+            keys=chain_keys(),
+        )
+        is None
+    )
+
+
 def test_an_edited_export_no_longer_verifies(auditor, acme):
     task = task_with_history(acme, steps=2)
     exported = json.loads(body(client_for(auditor).get(f"/console/audit/tasks/{task.id}/export.json")))

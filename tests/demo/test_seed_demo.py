@@ -18,13 +18,9 @@ from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from audit.models import TransitionEvent as Event
-from demo.management.commands.seed_demo import (
-    DEMO_TOTP_SECRET,
-    LONG_HISTORY,
-    STUCK_REGION,
-    TENANTS,
-    give_demo_device,
-)
+from demo.cases.refund_request import LONG_HISTORY
+from demo.cases.seeding import STUCK_REGION
+from demo.management.commands.seed_demo import DEMO_TOTP_SECRET, TENANTS, give_demo_device
 from demo.sandbox.models import Fault
 from ledger.models import Action, DispatchState
 from runtime.reconcile import reconcile_unknown
