@@ -11,6 +11,9 @@ re-submits with the same idempotency key gets its first payment back and settles
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from datetime import timedelta
 from io import StringIO
 
@@ -35,6 +38,7 @@ from tests.ledger import restore
 from tests.ledger.restore import forget
 from tests.observability.test_metrics import scrape, value
 from tests.runtime.payments import run
+from tests.workflow import ROOT, database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -313,6 +317,27 @@ def test_after_recover_verify_against_the_pre_restore_anchor_reports_a_documente
     assert "2 tasks lost, 1 set back, 3 orphans found" in out
     assert "but for" in out and "a documented restore explains" in out
     assert verify()[0]  # the restore chain verifies on its own too
+
+
+def test_the_verify_audit_process_fails_before_recover_and_exits_0_on_the_documented_restore(
+    anchored_restore,
+):
+    """The exit code a monitor reads, from the command as operators run it (its own process)."""
+    anchor, lost, _, _ = anchored_restore
+
+    def verify_process() -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "DATABASE_URL": database_url(), "DEBUG": "1"}
+        command = [sys.executable, "manage.py", "verify_audit", "--against", str(anchor)]
+        return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+    before = verify_process()
+    assert before.returncode == 1 and all(str(task_id) in before.stderr for task_id in lost)
+    recover(apply=True)
+    after = verify_process()
+    assert after.returncode == 0, after.stderr
+    assert (
+        "documented restore:" in after.stdout and "2 tasks lost, 1 set back, 3 orphans found" in after.stdout
+    )
 
 
 def test_work_redone_after_a_documented_restore_still_verifies_against_the_old_anchor(
