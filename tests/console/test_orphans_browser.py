@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from tests.console.test_accessibility_browser import ARTIFACTS, blocking, log_in
+from tests.console.test_accessibility_browser import ARTIFACTS, PHONE, blocking, log_in
 from tests.console.test_orphans import orphan, restore_record
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,3 +43,17 @@ def test_the_orphans_page_has_no_serious_accessibility_violation(
     problems = blocking(page)
     context.close()
     assert problems == []
+
+
+def test_the_orphans_page_fits_a_phone_without_sideways_scrolling(
+    browser: Browser, live_server, acme, operator
+):
+    orphan(acme, "k2.1.lost:pay:0")
+    restore_record(acme, anchor="anchor-20261201T090000000000Z.jsonl")
+    context = browser.new_context(viewport=PHONE)
+    page = context.new_page()
+    log_in(page, live_server.url, "acme-operator")
+    page.goto(f"{live_server.url}/console/orphans/")
+    width = page.evaluate("document.documentElement.scrollWidth")  # tables scroll in their own box
+    context.close()
+    assert width <= PHONE["width"]
