@@ -12,8 +12,8 @@ window was not searched in full: run it again), or when ``--apply`` has no ancho
 A ``WARNING`` line says when the window starts after the restored database's newest transition:
 such a run documents no restore for ``verify_audit --against`` (start it earlier).
 
-After a restore: ``recover --since <backup time>``, read it, ``recover --since <the same> --apply``,
-then start the workers.
+After a restore: ``recover`` (or ``--since`` a time at or before the backup), read it, the same
+with ``--apply``, then start the workers (README, "Backup and restore").
 """
 
 from __future__ import annotations
