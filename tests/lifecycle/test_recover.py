@@ -374,6 +374,14 @@ def test_deleting_the_lost_tasks_restore_record_fails_verify_against_the_anchor(
     assert "problems in the restore chain" in err and all(str(task_id) in err for task_id in lost)
 
 
+def test_editing_a_restore_record_fails_verify_audit(anchored_restore, acme):
+    recover(apply=True)
+    record = RestoreRecord.objects.get(tenant=acme)
+    past_the_guards("UPDATE ledger_restorerecord SET orphans = 0 WHERE id = %s", [record.pk])
+    ok, _, err = verify()
+    assert not ok and f"restore record #{record.pk}" in err and "contents do not match the stored hash" in err
+
+
 def test_editing_what_a_restore_record_names_as_lost_fails_verify_audit(anchored_restore, acme):
     recover(apply=True)
     record = RestoreRecord.objects.get(tenant=acme)
