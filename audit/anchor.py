@@ -60,7 +60,7 @@ import base64
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -363,6 +363,42 @@ class Checked:
     tombstones: int = 0
     tenants: int = 0
     problems: int = 0
+    excused: int = 0  # disagreements the caller's ``excuse`` explained (a documented restore)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One disagreement of the database with an anchor: its line, and what it is about.
+
+    ``kind``: ``gone`` (an anchored task deleted without a valid tombstone), ``behind`` (at an older
+    version than anchored), ``event_missing`` / ``event_differs`` (its event at the anchored version),
+    ``takeover_missing``, ``tenant_changed``, ``tasks_count`` / ``events_count`` (a tenant has
+    ``short`` fewer than anchored), or ``other`` (tombstones, the keying moment).
+    """
+
+    kind: str
+    text: str
+    task: str | None = None
+    tenant: int | None = None
+    version: int | None = None  # the anchored version of ``task``
+    short: int = 0
+
+    def __str__(self) -> str:
+        return self.text
+
+
+# Whether something above this layer explains a finding (``ledger.restores``: a documented restore).
+Excuse = Callable[[Finding], bool]
+
+
+@dataclass(frozen=True)
+class Loss:
+    """An anchored task the database no longer has (``version_now`` None) or has at an older version."""
+
+    task: str
+    tenant: int
+    version_anchored: int
+    version_now: int | None
 
 
 def _records(path: Path) -> Iterator[dict[str, Any]]:
@@ -428,7 +464,15 @@ def _takeovers_at(batch: list[dict[str, Any]]) -> set[tuple[str, str]]:
     return {(str(task_id), link) for task_id, link in rows}
 
 
-def _check_tasks(batch: list[dict[str, Any]], keys: Keys) -> Iterator[str]:
+def _finding(record: dict[str, Any], kind: str, text: str) -> Finding:
+    """A finding about the anchored task ``record``."""
+    at = f"task {record['task']} v{record['version']} (tenant {record['tenant']})"
+    return Finding(
+        kind, f"{at}: {text}", task=record["task"], tenant=record["tenant"], version=record["version"]
+    )
+
+
+def _check_tasks(batch: list[dict[str, Any]], keys: Keys) -> Iterator[Finding]:
     ids = [record["task"] for record in batch]
     found = {
         str(row["id"]): row
@@ -440,27 +484,36 @@ def _check_tasks(batch: list[dict[str, Any]], keys: Keys) -> Iterator[str]:
     stones = {str(stone.task_id): stone for stone in Tombstone.objects.filter(task_id__in=missing)}
     for record in batch:
         task_id, version = record["task"], record["version"]
-        at = f"task {task_id} v{version} (tenant {record['tenant']})"
         row = found.get(task_id)
         if row is None:
             why = _tombstone_excuses(record, stones.get(task_id), keys)
             if why:
-                yield f"{at}: anchored, now deleted, and {why}"
+                yield _finding(record, "gone", f"anchored, now deleted, and {why}")
             continue
         if row["tenant_id"] != record["tenant"]:
-            yield f"{at}: now in tenant {row['tenant_id']}"
+            yield _finding(record, "tenant_changed", f"now in tenant {row['tenant_id']}")
         if row["state_version"] < version:
-            yield f"{at}: task is now at v{row['state_version']}, before its anchored version"
+            yield _finding(
+                record, "behind", f"task is now at v{row['state_version']}, before its anchored version"
+            )
         link = anchored_events.get((task_id, version))
         if link is None:
-            yield f"{at}: the anchored event is missing"
+            yield _finding(record, "event_missing", "the anchored event is missing")
         elif link != record["head"]:
-            yield f"{at}: event hash differs from the anchored head (history rewritten since the anchor)"
+            yield _finding(
+                record,
+                "event_differs",
+                "event hash differs from the anchored head (history rewritten since the anchor)",
+            )
         if record.get("takeover_head") and (task_id, record["takeover_head"]) not in anchored_takeovers:
-            yield f"{at}: the anchored lease takeover is missing (takeover history deleted or rewritten)"
+            yield _finding(
+                record,
+                "takeover_missing",
+                "the anchored lease takeover is missing (takeover history deleted or rewritten)",
+            )
 
 
-def _check_tombstones(batch: list[dict[str, Any]]) -> Iterator[str]:
+def _check_tombstones(batch: list[dict[str, Any]]) -> Iterator[Finding]:
     stored = {
         str(stone.task_id): stone
         for stone in Tombstone.objects.filter(task_id__in=[record["tombstone"] for record in batch])
@@ -468,25 +521,29 @@ def _check_tombstones(batch: list[dict[str, Any]]) -> Iterator[str]:
     for record in batch:
         stone = stored.get(record["tombstone"])
         if stone is None:
-            yield f"tombstone of task {record['tombstone']} (tenant {record['tenant']}): anchored, now gone"
+            yield Finding(
+                "other",
+                f"tombstone of task {record['tombstone']} (tenant {record['tenant']}): anchored, now gone",
+            )
         elif (stone.state_version, stone.audit_head) != (record["version"], record["head"]):
-            yield f"tombstone of task {record['tombstone']}: differs from the anchored one"
+            yield Finding("other", f"tombstone of task {record['tombstone']}: differs from the anchored one")
 
 
-def _check_keyed_since(header: dict[str, Any]) -> Iterator[str]:
+def _check_keyed_since(header: dict[str, Any]) -> Iterator[Finding]:
     """The moment the chain was keyed, as the anchor recorded it, against the database's now."""
     if "keyed_since" not in header:
         return  # an anchor from before it was recorded
     keyed = keyed_since()
     now = _iso(keyed) if keyed else None
     if now != header["keyed_since"]:
-        yield (
+        yield Finding(
+            "other",
             f"the chain was keyed at {header['keyed_since']} by the anchor, at {now} by the database now "
-            "(django_migrations edited: unkeyed events would pass as older history)"
+            "(django_migrations edited: unkeyed events would pass as older history)",
         )
 
 
-def _check_counts(anchored: dict[int, dict[str, int]]) -> Iterator[str]:
+def _check_counts(anchored: dict[int, dict[str, int]]) -> Iterator[Finding]:
     with snapshot():
         now = tenant_counts()
     empty = {"tasks": 0, "events": 0, "tombstones": 0, "tombstoned_events": 0}
@@ -494,27 +551,37 @@ def _check_counts(anchored: dict[int, dict[str, int]]) -> Iterator[str]:
         was, current = anchored[tenant_id], now.get(tenant_id, empty)
         tasks_was, tasks_now = was["tasks"] + was["tombstones"], current["tasks"] + current["tombstones"]
         if tasks_now < tasks_was:
-            yield (
+            yield Finding(
+                "tasks_count",
                 f"tenant {tenant_id}: {tasks_now} tasks now (counting tombstones), {tasks_was} anchored: "
-                f"{tasks_was - tasks_now} deleted without a tombstone"
+                f"{tasks_was - tasks_now} deleted without a tombstone",
+                tenant=tenant_id,
+                short=tasks_was - tasks_now,
             )
         events_was = was["events"] + was["tombstoned_events"]
         events_now = current["events"] + current["tombstoned_events"]
         if events_now < events_was:
-            yield (
+            yield Finding(
+                "events_count",
                 f"tenant {tenant_id}: {events_now} events now (counting tombstoned tasks'), {events_was} "
-                f"anchored: {events_was - events_now} events deleted or truncated"
+                f"anchored: {events_was - events_now} events deleted or truncated",
+                tenant=tenant_id,
+                short=events_was - events_now,
             )
 
 
-def check_against(path: Path, checked: Checked, *, chunk: int = CHUNK) -> Iterator[str]:
+def check_against(
+    path: Path, checked: Checked, *, chunk: int = CHUNK, excuse: Excuse | None = None
+) -> Iterator[str]:
     """Every problem of the live database against the anchor at ``path``, one line each.
 
     First the signature (nothing else is trusted before it verifies); then each anchored task
     (exists or is accounted for by a sealed tombstone, not gone back in version, its event at
     the anchored version carries the anchored head), each anchored tombstone (still there,
     unchanged) and each tenant's counts (not lower). The chains themselves are verified by the
-    caller (``verify_audit``), which does that for every task.
+    caller (``verify_audit``), which does that for every task. ``excuse``: a disagreement it
+    explains is counted in ``checked.excused`` instead of reported (``verify_audit`` passes the
+    documented restores, ``ledger.restores``).
     """
     try:
         header = check_signature(path)
@@ -523,20 +590,21 @@ def check_against(path: Path, checked: Checked, *, chunk: int = CHUNK) -> Iterat
         yield f"anchor {path}: {exc}"
         return
     checked.created_at = str(header.get("created_at", ""))
-    for problem in _check_keyed_since(header):
-        checked.problems += 1
-        yield problem
     # The chain keys check a tombstone's older seal; only an anchor key may sign it.
     keys: Keys = (chain_keys(), anchor_public_keys())
     tasks: list[dict[str, Any]] = []
     stones: list[dict[str, Any]] = []
     anchored_counts: dict[int, dict[str, int]] = {}
 
-    def problems_of(found: Iterator[str]) -> Iterator[str]:
-        for problem in found:
+    def problems_of(found: Iterator[Finding]) -> Iterator[str]:
+        for finding in found:
+            if excuse is not None and excuse(finding):
+                checked.excused += 1
+                continue
             checked.problems += 1
-            yield problem
+            yield finding.text
 
+    yield from problems_of(_check_keyed_since(header))
     for record in _records(path):
         if "task" in record:
             tasks.append(record)
@@ -561,3 +629,39 @@ def check_against(path: Path, checked: Checked, *, chunk: int = CHUNK) -> Iterat
         yield from problems_of(_check_tombstones(stones))
     checked.tenants = len(anchored_counts)
     yield from problems_of(_check_counts(anchored_counts))
+
+
+def losses_against(path: Path, *, chunk: int = CHUNK) -> Iterator[Loss]:
+    """The anchored tasks the database lost since the anchor at ``path``: gone (with no tombstone,
+    so not deleted by retention) or at an older version than anchored, in the anchor's order.
+
+    What a restore from an older backup looks like against the newest anchor written before it
+    (``runtime.recover`` records them). ``AnchorInvalid`` when its signature does not verify.
+    """
+    check_signature(path)
+    batch: list[dict[str, Any]] = []
+
+    def lost(records: list[dict[str, Any]]) -> Iterator[Loss]:
+        ids = [record["task"] for record in records]
+        now = {
+            str(task_id): version
+            for task_id, version in Task._default_manager.filter(id__in=ids).values_list(
+                "id", "state_version"
+            )
+        }
+        stoned = {str(t) for t in Tombstone.objects.filter(task_id__in=ids).values_list("task_id", flat=True)}
+        for record in records:
+            task_id, version = record["task"], record["version"]
+            if task_id not in now and task_id not in stoned:
+                yield Loss(task_id, record["tenant"], version, None)
+            elif task_id in now and now[task_id] < version:
+                yield Loss(task_id, record["tenant"], version, now[task_id])
+
+    for record in _records(path):
+        if "task" in record:
+            batch.append(record)
+            if len(batch) == chunk:
+                yield from lost(batch)
+                batch = []
+    if batch:
+        yield from lost(batch)

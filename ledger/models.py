@@ -212,11 +212,12 @@ class OrphanEffect(models.Model):
 
 class RestoreRecord(models.Model):
     """The audited record of one ``recover --apply``, per tenant: the database was restored (or failed
-    over with commits lost), this window was searched, these orphans were found. Append-only.
+    over with commits lost), this window was searched, these orphans were found, these tasks were lost.
+    Append-only, and chained (``ledger.restores``).
 
     Tells a documented restore from tampering: an anchor written before the restore lists tasks the
-    database no longer has; this row, written with a fresh anchor after, says why.
-    ``tenant`` is None for the orphans whose keys name no tenant.
+    database no longer has; this row, written with a fresh anchor after, says why, and names them
+    (``RestoreLoss``). ``tenant`` is None for the orphans whose keys name no tenant.
     """
 
     tenant = models.ForeignKey(
@@ -227,6 +228,55 @@ class RestoreRecord(models.Model):
     orphans = models.PositiveIntegerField()  # orphans of this tenant the run found in the window
     recorded = models.PositiveIntegerField()  # of which newly recorded (the rest were known)
     detail = models.CharField(max_length=500, blank=True, default="")  # connectors that could not list
+    # The point the database was restored to (its newest transition when recover ran); None if it had none.
+    restored_to = models.DateTimeField(null=True, blank=True)
+    # The pre-restore anchor compared with the database ("" when there was none), and what it showed
+    # of this tenant: tasks gone, tasks set back to an older version (one ``RestoreLoss`` row each).
+    anchor = models.CharField(max_length=200, blank=True, default="")
+    tasks_lost = models.PositiveIntegerField(default=0)
+    tasks_behind = models.PositiveIntegerField(default=0)
+    losses_digest = models.CharField(max_length=64, blank=True, default="")  # over its RestoreLoss rows
+    # One chain over every restore record, in id order (``ledger.restores``), head on ``RestoreHead``,
+    # also signed with the anchor key; all "" on records written before ledger migration 0008.
+    prev_hash = models.CharField(max_length=64, blank=True, default="")
+    hash = models.CharField(max_length=64, blank=True, default="")
+    key_id = models.CharField(max_length=32, blank=True, default="")
+    signing_key = models.CharField(max_length=64, blank=True, default="")
+    signature = models.CharField(max_length=128, blank=True, default="")
 
     def __str__(self) -> str:
         return f"restore {self.at:%Y-%m-%d %H:%M:%S} tenant {self.tenant_id}: {self.orphans} orphan(s)"
+
+
+class RestoreLoss(models.Model):
+    """A task a restore lost (``version_now`` None) or set back, as the pre-restore anchor showed it.
+
+    Written with its ``RestoreRecord`` (whose ``losses_digest`` covers it); append-only.
+    ``verify_audit --against`` that anchor or an older one excuses what this row names, and only that.
+    """
+
+    record = models.ForeignKey(RestoreRecord, on_delete=models.PROTECT, related_name="losses")
+    task_id = models.UUIDField()  # no foreign key: the task is gone, or may be deleted later
+    version_anchored = models.PositiveIntegerField()
+    version_now = models.PositiveIntegerField(null=True, blank=True)  # None: the task is gone
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["record", "task_id"], name="restore_loss_unique")]
+        # verify_audit --against: is this anchored task one a restore lost?
+        indexes = [models.Index(fields=["task_id"], name="restore_loss_task")]
+
+    def __str__(self) -> str:
+        now = "gone" if self.version_now is None else f"v{self.version_now}"
+        return f"{self.task_id}: v{self.version_anchored} anchored, {now} after the restore"
+
+
+class RestoreHead(models.Model):
+    """The newest restore record's hash (one row): deleting the newest record breaks the chain too.
+
+    Moved in the transaction that appends a record, under this row's lock (``ledger.restores.append``).
+    """
+
+    hash = models.CharField(max_length=64, blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"restore chain head {self.hash[:12] or '(empty)'}"

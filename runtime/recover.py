@@ -14,14 +14,22 @@ point), less ``CLOCK_MARGIN`` for the systems' clocks. Without ``--since`` and
 without an anchor it refuses (``NoWindow``): nothing then says how far back the
 loss may reach.
 
+What the restore lost is read from the newest anchor in the directory (``audit.anchor.losses_against``):
+the tasks it names that the database no longer has, and those now at an older version. Run ``recover``
+before the workers and the beat start, so that anchor is still the one written before the restore.
+
 ``apply`` (``recover --apply``), in one transaction: the open orphans an action
 explains by now are settled by its task; each orphan found is recorded once; one
-``RestoreRecord`` per tenant (and one for orphans that name no tenant) says the
-window and how many orphans were found; and the anchor doorbell rings
-(``AnchorRequest``), so a fresh anchor soon covers the restored database and
-``verify_audit --against`` a pre-restore anchor is read beside a documented restore.
+``RestoreRecord`` per tenant (and one for orphans that name no tenant, and losses of tenants the
+database no longer has) says the window, the restore point, how many orphans were found and which
+tasks were lost, appended to the restore chain and signed with the anchor key (``ledger.restores``);
+and the anchor doorbell rings (``AnchorRequest``), so a fresh anchor soon covers the restored
+database and ``verify_audit --against`` a pre-restore anchor reads its losses as a documented restore.
+A window that starts after the restore point (``Found.covers_restore``) documents nothing: effects
+between the two were not searched.
 
-Refusals: ``NoWindow`` (above); a ``since`` without a UTC offset (``ValueError``).
+Refusals: ``NoWindow`` (above); a ``since`` without a UTC offset (``ValueError``); ``apply`` without
+``AUDIT_ANCHOR_KEY`` (``ImproperlyConfigured``: nothing written).
 A connector that cannot list is skipped and named; one that does not answer is
 named as unavailable, and the report says the window was not fully searched.
 """
@@ -37,9 +45,9 @@ from django.db import transaction
 from django.db.models import Max, QuerySet
 from django.utils import timezone
 
-from audit.anchor import anchor_dir, anchored_at, latest_anchor
+from audit.anchor import AnchorInvalid, Loss, anchor_dir, anchored_at, latest_anchor, losses_against
 from audit.models import AnchorRequest, TransitionEvent
-from ledger import connectors, orphans
+from ledger import connectors, orphans, restores
 from ledger.connectors.base import ListNotSupported, ListUnavailable
 from ledger.models import OrphanEffect, OrphanStatus, RestoreRecord
 from tenancy.models import Tenant
@@ -62,11 +70,20 @@ class Found:
     unavailable: dict[str, str] = field(default_factory=dict)  # connector -> why it did not answer
     recorded: int = 0  # with apply: orphans recorded now (the rest were known)
     settled: int = 0  # with apply: open orphans an action explains by now
+    restored_to: datetime | None = None  # the restore point: the newest transition the database kept
+    anchor: str = ""  # the anchor the losses were read from ("" when none could be)
+    anchor_problem: str = ""  # why no anchor was read
+    losses: list[Loss] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
         """Every connector that can list answered: the window was searched in full."""
         return not self.unavailable
+
+    @property
+    def covers_restore(self) -> bool:
+        """The window starts at or before the restore point: nothing the restore undid went unsearched."""
+        return self.restored_to is None or self.since <= self.restored_to
 
 
 def window_start(since: datetime | None = None, *, directory: Path | None = None) -> datetime:
@@ -83,15 +100,36 @@ def window_start(since: datetime | None = None, *, directory: Path | None = None
             " restored backup was taken, or when the failover happened)"
         )
     start = anchored_at(newest)
-    restore_point = TransitionEvent.objects.aggregate(newest=Max("created_at"))["newest"]
+    restore_point = restored_to()
     if restore_point is not None:
         start = min(start, restore_point)
     return start - CLOCK_MARGIN
 
 
+def restored_to() -> datetime | None:
+    """The point the database was restored to, as it shows: its newest transition (None: it has none)."""
+    newest: datetime | None = TransitionEvent.objects.aggregate(newest=Max("created_at"))["newest"]
+    return newest
+
+
+def read_losses(found: Found, directory: Path) -> Found:
+    """``found`` with the tasks the newest anchor in ``directory`` names as lost (``losses_against``)."""
+    newest = latest_anchor(directory) if directory.is_dir() else None
+    if newest is None:
+        found.anchor_problem = f"no anchor in {directory}: the tasks the restore lost cannot be named"
+        return found
+    try:
+        found.losses = list(losses_against(newest))
+    except AnchorInvalid as exc:
+        found.anchor_problem = f"anchor {newest.name} not read ({exc}): the tasks lost cannot be named"
+        return found
+    found.anchor = newest.name
+    return found
+
+
 def find(since: datetime) -> Found:
     """The orphans every connector that can list holds since ``since`` (nothing written)."""
-    found = Found(since=since)
+    found = Found(since=since, restored_to=restored_to())
     for name in connectors.names():
         try:
             held = connectors.get(name).list_since(since)
@@ -117,16 +155,24 @@ def apply(found: Found, *, now: datetime | None = None) -> Found:
         new_per_tenant = Counter(row.tenant_id for row in recorded)
         skipped = "; ".join(f"{n}: {why}" for n, why in {**found.not_listing, **found.unavailable}.items())
         tenants: list[int | None] = list(Tenant.objects.order_by("pk").values_list("pk", flat=True))
-        if per_tenant[None]:
+        lost: dict[int | None, list[Loss]] = {}
+        for loss in found.losses:  # a tenant the database no longer has: the record of no tenant
+            lost.setdefault(loss.tenant if loss.tenant in tenants else None, []).append(loss)
+        if per_tenant[None] or None in lost:
             tenants.append(None)
-        RestoreRecord.objects.bulk_create(
-            RestoreRecord(
-                tenant_id=tenant,
-                at=now,
-                since=found.since,
-                orphans=per_tenant[tenant],
-                recorded=new_per_tenant[tenant],
-                detail=skipped[:500],
+        restores.append(
+            (
+                RestoreRecord(
+                    tenant_id=tenant,
+                    at=now,
+                    since=found.since,
+                    restored_to=found.restored_to,
+                    orphans=per_tenant[tenant],
+                    recorded=new_per_tenant[tenant],
+                    detail=skipped[:500],
+                    anchor=found.anchor,
+                ),
+                lost.get(tenant, []),
             )
             for tenant in tenants
         )
@@ -136,7 +182,8 @@ def apply(found: Found, *, now: datetime | None = None) -> Found:
 
 def recover(since: datetime | None = None, *, write: bool = False, directory: Path | None = None) -> Found:
     """Find the orphans in the window at risk; with ``write``, record them (``apply``)."""
-    found = find(window_start(since, directory=directory))
+    directory = directory or anchor_dir()
+    found = read_losses(find(window_start(since, directory=directory)), directory)
     return apply(found) if write else found
 
 

@@ -18,6 +18,7 @@ SECTIONS = {
     "approval-decide": "approvals",
     "quarantine": "quarantine",
     "access": "access",
+    "orphans": "orphans",
     "dashboard": "dashboard",
 }
 

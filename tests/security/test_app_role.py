@@ -26,8 +26,10 @@ from django.db import connection
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest
+from audit.anchor import Loss
 from demo.sandbox.models import Effect
-from ledger.models import Action, MoneyMovement, OrphanEffect, RestoreRecord
+from ledger import restores
+from ledger.models import Action, MoneyMovement, OrphanEffect, RestoreHead, RestoreLoss, RestoreRecord
 from runtime import runner
 from tasks.models import Task
 from tasks.states import State
@@ -231,6 +233,31 @@ def test_the_app_role_cannot_rewrite_what_recover_found_or_the_restore_it_record
         assert "permission denied" in refused(conn, sql, [pk]), sql
     assert OrphanEffect.objects.get(pk=orphan.pk).system_status == "succeeded"
     assert RestoreRecord.objects.get(pk=restore.pk).orphans == 1
+
+
+def test_the_app_role_appends_to_the_restore_chain_but_never_rewrites_what_a_restore_lost(acme, app_role):  # noqa: F811
+    """The tasks a restore record names as lost are what excuses them against an old anchor: the app
+    may add to them (a new record, the head moved on), never delete or change one."""
+    name, connect = app_role
+    now = timezone.now()
+    record = RestoreRecord(tenant=acme, at=now, since=now, orphans=0, recorded=0)
+    [record] = restores.append([(record, [Loss(str(uuid.uuid4()), acme.pk, 3, None)])])
+    loss = RestoreLoss.objects.get(record=record)
+    conn = connect()
+    for sql, pk in (
+        ("UPDATE ledger_restoreloss SET version_now = 3 WHERE id = %s", loss.pk),
+        ("DELETE FROM ledger_restoreloss WHERE id = %s", loss.pk),
+        ("UPDATE ledger_restorerecord SET tasks_lost = 0 WHERE id = %s", record.pk),
+    ):
+        assert "permission denied" in refused(conn, sql, [pk]), sql
+    with conn.transaction():  # what ledger.restores.append does as the app: a loss row, the head moved
+        conn.execute(
+            "INSERT INTO ledger_restoreloss (record_id, task_id, version_anchored) VALUES (%s, %s, 1)",
+            [record.pk, str(uuid.uuid4())],
+        )
+        conn.execute("UPDATE ledger_restorehead SET hash = %s WHERE id = %s", ["f" * 64, restores.HEAD_ID])
+    assert RestoreHead.objects.get(pk=restores.HEAD_ID).hash == "f" * 64
+    assert RestoreLoss.objects.get(pk=loss.pk).version_now is None
 
 
 def test_the_app_role_cannot_remove_anyone_barred_from_deciding_a_request(payment, app_role):  # noqa: F811

@@ -75,6 +75,7 @@ APPEND_ONLY = (
     "tenancy_accessevent",
     "ledger_moneymovement",
     "ledger_restorerecord",
+    "ledger_restoreloss",
 )
 # Columns the app never updates once the row exists (key rotation and retention run as the owner).
 WITHHELD = {

@@ -2,14 +2,18 @@
 
 Dry run by default: asks every connector that can list for the effects it holds in the window at
 risk (``--since``, else from the newest anchor; see ``runtime.recover``) and prints one line per
-effect no ledger row explains (``ORPHAN <connector> <key> tenant=<id|-> ...``), then the totals, or
-says the window holds none. ``--apply`` records each orphan once (a second run records nothing
-new), writes the audited restore record per tenant and asks for a fresh anchor. Exits 1 (a
-``CommandError``) when nothing says where the window starts, or when a system did not answer (the
-window was not searched in full: run it again).
+effect no ledger row explains (``ORPHAN <connector> <key> tenant=<id|-> ...``), then one line per
+task the newest anchor names that the restore lost (``LOST <task> tenant=<id> anchored=v<n> now=gone|v<m>``),
+then the totals, or says the window holds none. ``--apply`` records each orphan once (a second run
+records nothing new), writes the audited restore record per tenant (chained and signed with
+``AUDIT_ANCHOR_KEY``: run it where anchors are written) and asks for a fresh anchor. Exits 1 (a
+``CommandError``) when nothing says where the window starts, when a system did not answer (the
+window was not searched in full: run it again), or when ``--apply`` has no anchor signing key.
+A ``WARNING`` line says when the window starts after the restored database's newest transition:
+such a run documents no restore for ``verify_audit --against`` (start it earlier).
 
-After a restore: ``recover --since <backup time>``, read it, ``recover --since <the same> --apply``,
-then start the workers.
+After a restore: ``recover`` (or ``--since`` a time at or before the backup), read it, the same
+with ``--apply``, then start the workers (README, "Backup and restore").
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from argparse import ArgumentParser
 from datetime import datetime
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from runtime import recover
@@ -42,11 +47,28 @@ class Command(BaseCommand):
             found = recover.recover(_moment(since) if since else None, write=apply)
         except (recover.NoWindow, ValueError) as exc:
             raise CommandError(str(exc)) from None
+        except ImproperlyConfigured as exc:
+            raise CommandError(
+                f"nothing recorded: the restore record is signed with the anchor key. {exc}"
+            ) from None
         for orphan in found.orphans:
             held = orphan.held
             self.stdout.write(
                 f"ORPHAN {orphan.connector} {held.key} tenant={orphan.tenant_id or '-'}"
                 f" recorded_at={held.created_at.isoformat()} status={held.status} record={held.record_id}"
+            )
+        for loss in found.losses:
+            now = "gone" if loss.version_now is None else f"v{loss.version_now}"
+            self.stdout.write(
+                f"LOST {loss.task} tenant={loss.tenant} anchored=v{loss.version_anchored} now={now}"
+            )
+        if found.anchor_problem:
+            self.stdout.write(f"NO ANCHOR {found.anchor_problem}")
+        if not found.covers_restore and found.restored_to is not None:
+            self.stdout.write(
+                f"WARNING the window starts after the restored database's newest transition"
+                f" ({found.restored_to.isoformat()}): effects in between were not searched, and this run"
+                " documents no restore for verify_audit --against; start it at or before that time"
             )
         for name, why in found.not_listing.items():
             self.stdout.write(f"SKIPPED {name}: {why}")
@@ -57,6 +79,12 @@ class Command(BaseCommand):
             summary = f"{window}: no orphan effects ({found.listed} effect(s) listed, every one explained)"
         else:
             summary = f"{window}: {len(found.orphans)} orphan effect(s) of {found.listed} listed"
+        if found.anchor:
+            gone = sum(1 for loss in found.losses if loss.version_now is None)
+            summary += (
+                f"; anchor {found.anchor} names {gone} task(s) the database lost"
+                f" and {len(found.losses) - gone} set back"
+            )
         if apply:
             summary += (
                 f"; recorded {found.recorded} new, {found.settled} settled by re-created tasks;"
