@@ -24,6 +24,7 @@ from console.access import tenant_ids_or_403
 from ledger import connectors
 from ledger.connectors.base import Outcome
 from ledger.models import Action, DispatchState
+from reads import visibility
 from runtime import controls, runner
 from tasks import registry
 from tasks.models import Task
@@ -134,9 +135,9 @@ def _reload_root_urls() -> None:
 
 @login_required
 def recipe_page(request):
-    """Parse, check access, read, render: the shape of every console view."""
-    tenant_ids = tenant_ids_or_403(request.user, (Role.OPERATOR, Role.ADMIN))
-    return render(request, "console/recipe.html", {"tasks": Task.objects.filter(tenant_id__in=tenant_ids)})
+    """Parse, check access, read (through ``reads/``), render: the shape of every console view."""
+    tenant_ids_or_403(request.user, (Role.OPERATOR, Role.ADMIN))
+    return render(request, "console/recipe.html", {"tasks": visibility.visible_tasks(request.user)})
 
 
 @pytest.fixture
