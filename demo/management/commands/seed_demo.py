@@ -45,6 +45,7 @@ from django.utils import timezone
 from django_otp.oath import TOTP
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
+from audit.roles import owner_needed
 from demo.cases import CASES
 from demo.cases.seeding import ORDERS, WORKER_ID, Seeding
 from demo.sandbox.models import Record
@@ -92,6 +93,9 @@ class Command(BaseCommand):
         if options["code"]:
             self.stdout.write(f"{TOTP(base64.b32decode(DEMO_TOTP_SECRET)).token():06d}")
             return
+        refusal = owner_needed("seed_demo (granting the demo users their roles and staff flags)")
+        if refusal:
+            raise CommandError(refusal)
         password = os.environ.get("DEMO_PASSWORD", "demo")
         seed_sandbox()
         seed_policies()
