@@ -45,13 +45,13 @@ from django.utils import timezone
 from django_otp.oath import TOTP
 from django_otp.plugins.otp_totp.models import TOTPDevice
 
-from audit.roles import owner_needed
 from demo.cases import CASES
 from demo.cases.seeding import ORDERS, WORKER_ID, Seeding
 from demo.sandbox.models import Record
 from tasks import registry
 from tasks.models import Policy, RuntimeConfig
 from tasks.transitions import Actor
+from tenancy.dbrole import owner_needed
 from tenancy.models import Role, Tenant
 from tenancy.services import grant_role
 

@@ -24,8 +24,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from audit.roles import not_owner
 from protection import retention
+from tenancy.dbrole import not_owner
 from tenancy.models import Tenant
 
 COLUMNS = ("archive", "delete", "held", "kept", "awaiting_owner")

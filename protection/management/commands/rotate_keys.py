@@ -42,8 +42,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 
 from audit import sealing
-from audit.roles import owner_needed
 from protection.rotation import RotationRefused, Table, Tally, count_keys, pending_rows, rotate_batch, tables
+from tenancy.dbrole import owner_needed
 
 
 class Bar:

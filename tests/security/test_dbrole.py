@@ -14,9 +14,9 @@ import sys
 
 from django.db import connection
 
-from audit import roles
 from tasks.models import Checkpoint, RetentionPolicy
 from tasks.states import State
+from tenancy import dbrole
 from tenancy.models import Tenant
 from tests.audit.test_tamper import app_role  # noqa: F401 (a fixture)
 from tests.conftest import make_task
@@ -45,8 +45,8 @@ def owner() -> str:
 
 
 def test_the_role_that_ran_migrate_is_the_owner(db):
-    assert roles.not_owner() is None
-    assert roles.owner_needed("anything") is None
+    assert dbrole.not_owner() is None
+    assert dbrole.owner_needed("anything") is None
 
 
 def test_rotate_keys_as_the_app_role_refuses_naming_the_owner_and_reseals_nothing(
