@@ -1,17 +1,20 @@
-"""The owner's commands, run connected as the app role, refuse naming the owner role.
+"""What only the owner role may write, tried connected as the app role, is refused naming the owner.
 
 Reproduced before: ``manage.py rotate_keys`` with fields to re-seal and ``manage.py seed_demo``,
 connected as the role ``db_roles`` made, died with a traceback (``permission denied for table
 tasks_task`` / ``tenancy_membership``); ``retention`` left its work to "the owner role" without
-saying which role that is.
+saying which role that is; in the admin, changing an account's ``is_staff``, deleting an account
+or a tenant, and saving a task's or a checkpoint's page answered 500 (a permission error).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 
+from django.contrib.auth import get_user_model
 from django.db import connection
 
 from tasks.models import Checkpoint, RetentionPolicy
@@ -103,3 +106,70 @@ def test_retention_as_the_app_role_names_the_owner_it_leaves_the_work_to(acme, a
 
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert f"Run `manage.py retention` as the owner role {owner()} (this connection is {name})" in ran.stderr
+
+
+ADMIN_WRITES = """
+import json
+from django.test.utils import setup_test_environment
+setup_test_environment()
+from django.contrib.auth import get_user_model
+from django.test import Client
+from tests.second_factor import mark_verified
+
+User = get_user_model()
+client = Client(raise_request_exception=False)  # a 500 is an answer here, not a crash
+root = User.objects.get(username="root")
+client.force_login(root)
+mark_verified(client, root)
+operator = User.objects.get(username="{operator}")
+account = f"/admin/auth/user/{{operator.pk}}/change/"
+form = {{"username": operator.username, "is_active": "on", "date_joined_0": "2026-01-01",
+         "date_joined_1": "00:00:00", "first_name": "Ada"}}
+flags = client.post(account, {{**form, "is_staff": "on"}})
+name = client.post(account, form)
+print(json.dumps({{
+    "flags": [flags.status_code, flags.content.decode()],
+    "name": name.status_code,
+    "delete_account": client.get(f"/admin/auth/user/{{operator.pk}}/delete/").status_code,
+    "delete_tenant": client.get("/admin/tenancy/tenant/{tenant}/delete/").status_code,
+    "view_task": client.get("/admin/tasks/task/{task}/change/").status_code,
+    "save_task": client.post("/admin/tasks/task/{task}/change/", {{}}).status_code,
+    "save_checkpoint": client.post("/admin/tasks/checkpoint/{checkpoint}/change/", {{}}).status_code,
+}}))
+"""
+
+
+def test_the_admin_refuses_what_only_the_owner_may_write_as_the_app_role_never_a_500(
+    acme,
+    operator,
+    app_role,  # noqa: F811
+):
+    """Connected as the app role: the staff flags are refused on the form, naming the owner, and the
+    rest of the account still saves; deleting an account or a tenant (memberships go with them) is a
+    403; the kernel's and the log's rows are viewed, and a save is a 403, not a permission error."""
+    name, _ = app_role
+    get_user_model().objects.create_superuser("root", password="unused-here")  # by the owner
+    task = make_task(acme)
+    checkpoint = Checkpoint.objects.get(task=task)
+    script = ADMIN_WRITES.format(
+        operator=operator.username, tenant=acme.pk, task=task.pk, checkpoint=checkpoint.pk
+    )
+
+    ran = as_role(name, "shell", "-c", script)
+
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    shown = json.loads(ran.stdout.strip().splitlines()[-1])
+    status, page = shown.pop("flags")
+    assert status == 200, page[-2000:]
+    assert f"Changing is_staff needs the database owner role {owner()}" in page
+    assert "Nothing was saved." in page
+    assert shown == {
+        "name": 302,
+        "delete_account": 403,
+        "delete_tenant": 403,
+        "view_task": 200,
+        "save_task": 403,
+        "save_checkpoint": 403,
+    }
+    operator.refresh_from_db()
+    assert (operator.is_staff, operator.first_name) == (False, "Ada")
