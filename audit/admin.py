@@ -8,12 +8,18 @@ from audit.models import LeaseTakeover, Tombstone, TransitionEvent
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
-    """Records only their own code writes (the log, state, checkpoints, the ledger): read-only here."""
+    """Records only their own code writes (the log, state, checkpoints, the ledger): read-only here.
+
+    Viewed, never saved: a save would rewrite every column, which the append-only triggers and the
+    app role's column privileges refuse (a 500), and would bypass the code that owns the row."""
 
     def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
         return [field.name for field in self.model._meta.fields]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
@@ -27,9 +33,6 @@ class TransitionEventAdmin(ReadOnlyAdmin):
     list_display = ("task", "state_version", "from_state", "to_state", "trigger", "actor_id", "created_at")
     list_filter = ("to_state", "trigger", "actor_kind")
 
-    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False
-
 
 @admin.register(LeaseTakeover)
 class LeaseTakeoverAdmin(ReadOnlyAdmin):
@@ -37,15 +40,9 @@ class LeaseTakeoverAdmin(ReadOnlyAdmin):
 
     list_display = ("task", "worker_id", "previous_worker_id", "stale_token", "token", "taken_at")
 
-    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False
-
 
 @admin.register(Tombstone)
 class TombstoneAdmin(ReadOnlyAdmin):
     """Written by retention only, sealed with the chain key; append-only like the log."""
 
     list_display = ("task_id", "tenant", "task_type", "state_version", "deleted_at", "reason")
-
-    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False

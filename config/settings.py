@@ -1,7 +1,7 @@
 """Settings, read from the environment (see README, "Configuration").
 
 With nothing set, the project runs on an embedded SQLite file under ``var/``
-for the demo. ``DATABASE_URL`` points it at PostgreSQL, which every
+(``VAR_DIR``) for the demo. ``DATABASE_URL`` points it at PostgreSQL, which every
 concurrency guarantee is written for and tested on.
 """
 
@@ -19,10 +19,12 @@ from django.core.exceptions import ImproperlyConfigured
 
 from config import external
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = BASE_DIR / "var"
-
 env = environ.Env()
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+# What the process writes (the SQLite file, collected static files, the embedded broker, anchors, the
+# beat schedule): beside the code in a checkout; an installed copy points it outside site-packages.
+VAR_DIR = Path(env.str("VAR_DIR", default=str(BASE_DIR / "var")))
 
 # Safe by default (README, "Configuration"): with no environment this is production — DEBUG off,
 # and no start without a SECRET_KEY. Development says so explicitly (DEBUG=1; `make demo` does).
@@ -120,7 +122,7 @@ DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'demo.sqlite3'}"),
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    VAR_DIR.mkdir(exist_ok=True)
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
     # SQLite serialises writers. Taking the write lock when a transaction begins
     # (IMMEDIATE) lets a waiting writer queue on the busy timeout instead of
     # failing when a read-then-write transaction tries to upgrade its lock.

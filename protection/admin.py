@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import Model
 from django.http import HttpRequest
 
 from audit.admin import ReadOnlyAdmin
@@ -39,15 +38,9 @@ class LegalHoldAdmin(ReadOnlyAdmin):
     list_display = ("task", "placed_by", "placed_at", "lifted_by", "lifted_at")
     list_filter = ("lifted_at",)
 
-    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False
-
 
 @admin.register(Archive)
 class ArchiveAdmin(ReadOnlyAdmin):
     """Written by retention only."""
 
     list_display = ("task", "archived_at", "erased", "rule")
-
-    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False

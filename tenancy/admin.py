@@ -1,8 +1,11 @@
-"""Admin for tenants, roles, API tokens and the access log.
+"""Admin for accounts, tenants, roles, API tokens and the access log.
 
 Roles change through ``tenancy.services`` only (so each change is recorded and the
 guardian group follows); tokens are never shown, only their prefix, name, scopes
-and dates, and the one thing to do with one here is revoke it.
+and dates, and the one thing to do with one here is revoke it. What only the owner
+role may write (an account's staff flags, deleting an account or a tenant, whose
+memberships go with it) is refused on the page when connected as another role,
+naming the owner, instead of a permission error and a 500.
 """
 
 from __future__ import annotations
@@ -10,17 +13,52 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
+from django.contrib.auth.forms import UserChangeForm
+from django.core.exceptions import ValidationError
 from django.db import connection
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from tenancy.dbrole import not_owner, owner_needed
 from tenancy.models import AccessEvent, ApiToken, Membership, Tenant
 from tenancy.services import change_role, grant_role, revoke_role, token_revoke
+
+# What the trigger on auth_user (tenancy migration 0005) refuses every role but the owner.
+OWNER_FLAGS = ("is_staff", "is_superuser")
+
+
+class AccountChangeForm(UserChangeForm):
+    """Django's account form, refusing a change of the staff flags unless connected as the owner."""
+
+    def clean(self) -> dict[str, Any] | None:
+        cleaned = super().clean()
+        changed = [name for name in OWNER_FLAGS if name in self.changed_data]
+        refusal = owner_needed(f"Changing {' and '.join(changed)}") if changed else None
+        if refusal:
+            raise ValidationError(f"{refusal} Nothing was saved.")
+        return cleaned
+
+
+admin.site.unregister(get_user_model())
+
+
+@admin.register(get_user_model())
+class AccountAdmin(UserAdmin):
+    form = AccountChangeForm
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Its memberships go with it (the owner's to write) and its access events lose their link.
+        return super().has_delete_permission(request, obj) and not_owner() is None
 
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
     list_display = ("slug", "name")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_delete_permission(request, obj) and not_owner() is None  # memberships go too
 
 
 def _may_write_memberships() -> bool:

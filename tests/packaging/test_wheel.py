@@ -12,7 +12,10 @@ the locks pin, nothing downloaded): ``--system-site-packages`` would not isolate
 anything, and installing every dependency again would take minutes. The project
 itself is not installed in that venv (checked below), so every project module the
 clean venv imports comes from the wheel; ``python -m django check`` runs outside
-the source tree to be sure of it.
+the source tree to be sure of it. It runs as an installed copy is meant to, with ``VAR_DIR``
+outside the install and nothing else saying where to write: the SQLite file, the static root
+and the embedded broker land there, and nothing is written under the venv (before, they were
+written into site-packages, beside the installed packages).
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 NOT_SHIPPED = {"tests", "bench", "scripts"}  # code that is not the product (pyproject's exclude)
 DATA_DIRS = {"templates", "static"}  # read by settings beside the packages (BASE_DIR)
+# What says where the probe's process writes: unset, so only its VAR_DIR does.
+WHERE_TO_WRITE = {
+    "DATABASE_URL", "CELERY_BROKER_URL", "BROKER_DIR", "AUDIT_ANCHOR_DIR",
+    "CELERY_BEAT_SCHEDULE_FILENAME", "STATICFILES_COLLECTED", "VAR_DIR",
+}  # fmt: skip
 
 # Run by the clean venv's interpreter: ``python -m django check``, then what the installed copy holds.
 PROBE = """
@@ -42,20 +50,31 @@ from django.core import management
 management.execute_from_command_line(["django", "check"])  # what `python -m django check` runs
 
 from django.apps import apps
+from django.conf import settings
 from django.contrib.staticfiles import finders
+from django.db import connection
 from django.db.migrations.loader import MigrationLoader
 from django.template.loader import get_template
 
 packages = json.loads(sys.argv[1])
 ours = {app.label for app in apps.get_app_configs() if app.name.split(".")[0] in packages}
 on_disk = MigrationLoader(None, ignore_no_migrations=True).disk_migrations
+connection.ensure_connection()  # the embedded SQLite file is created on first use
 print(json.dumps({
+    "written": [str(path) for path in (settings.VAR_DIR, connection.settings_dict["NAME"],
+                settings.STATIC_ROOT, settings.BROKER_DIR, settings.AUDIT_ANCHOR_DIR,
+                settings.CELERY_BEAT_SCHEDULE_FILENAME)],
     "modules": {name: __import__(name).__path__[0] for name in packages},
     "template": str(get_template("base.html").origin.name),
     "static": finders.find("console/console.css"),
     "migrations": sum(label in ours for label, _ in on_disk),
 }))
 """
+
+
+def files_under(root: Path) -> set[Path]:
+    """Every file and directory under ``root``."""
+    return set(root.rglob("*"))
 
 
 def source_files() -> list[Path]:
@@ -151,16 +170,23 @@ def test_the_wheel_installs_in_a_clean_venv_and_passes_check_from_the_installed_
     assert installed.returncode == 0, installed.stdout + installed.stderr
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
-    environment = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    environment = {
+        key: value for key, value in os.environ.items() if key != "PYTHONPATH" and key not in WHERE_TO_WRITE
+    }
+    var = tmp_path / "var"
+    before = files_under(tmp_path / "venv")
     ran = subprocess.run(
         [str(python), str(probe), json.dumps(sorted(packages))],
-        cwd=tmp_path, env={**environment, "DJANGO_SETTINGS_MODULE": "config.settings"},
+        cwd=tmp_path, env={**environment, "DJANGO_SETTINGS_MODULE": "config.settings", "VAR_DIR": str(var)},
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "System check identified no issues" in ran.stdout
     facts = json.loads(ran.stdout.strip().splitlines()[-1])
     venv = str(tmp_path / "venv")
+    assert files_under(tmp_path / "venv") - before == set()  # nothing written in the install
+    assert all(path.startswith(str(var)) for path in facts["written"]), facts["written"]
+    assert {"demo.sqlite3", "staticfiles", "broker"} <= {path.name for path in var.iterdir()}
     assert set(facts["modules"]) == packages
     assert all(path.startswith(venv) for path in facts["modules"].values()), facts["modules"]
     assert facts["template"].startswith(venv) and facts["static"].startswith(venv), facts

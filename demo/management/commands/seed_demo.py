@@ -51,6 +51,7 @@ from demo.sandbox.models import Record
 from tasks import registry
 from tasks.models import Policy, RuntimeConfig
 from tasks.transitions import Actor
+from tenancy.dbrole import owner_needed
 from tenancy.models import Role, Tenant
 from tenancy.services import grant_role
 
@@ -92,6 +93,9 @@ class Command(BaseCommand):
         if options["code"]:
             self.stdout.write(f"{TOTP(base64.b32decode(DEMO_TOTP_SECRET)).token():06d}")
             return
+        refusal = owner_needed("seed_demo (granting the demo users their roles and staff flags)")
+        if refusal:
+            raise CommandError(refusal)
         password = os.environ.get("DEMO_PASSWORD", "demo")
         seed_sandbox()
         seed_policies()

@@ -25,6 +25,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from protection import retention
+from tenancy.dbrole import not_owner
 from tenancy.models import Tenant
 
 COLUMNS = ("archive", "delete", "held", "kept", "awaiting_owner")
@@ -103,7 +104,9 @@ class Command(BaseCommand):
             )
         waiting = report.total("awaiting_owner")
         if waiting:
+            roles = not_owner()
+            named = f" {roles.owner} (this connection is {roles.current})" if roles else ""
             self.stderr.write(
                 f"{waiting} tasks due for archiving or deletion are left: this connection is not the owner "
-                "of the tables. Run `manage.py retention` as the owner role (README, 'Retention')."
+                f"of the tables. Run `manage.py retention` as the owner role{named} (README, 'Retention')."
             )

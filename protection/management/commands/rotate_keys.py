@@ -24,7 +24,10 @@ the batch in progress. A value under a key this process does not hold cannot be
 re-sealed: it is left as it is and reported (exit status 1), and a task whose
 checkpoint holds one is quarantined when a worker loads it.
 
-``--dry-run`` changes nothing and prints, per table, how many sealed fields and
+Re-sealing rewrites columns the application's role may not (``db_roles``): run as any role but
+the owner, it stops before the first batch, naming the owner role.
+
+``--dry-run`` (any role) changes nothing and prints, per table, how many sealed fields and
 rows are under each key id.
 """
 
@@ -40,6 +43,7 @@ from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 
 from audit import sealing
 from protection.rotation import RotationRefused, Table, Tally, count_keys, pending_rows, rotate_batch, tables
+from tenancy.dbrole import owner_needed
 
 
 class Bar:
@@ -91,6 +95,9 @@ class Command(BaseCommand):
             for table in tables():
                 self._count(table, ring)
             return
+        refusal = owner_needed("rotate_keys (re-sealing task input, effects and approval copies)")
+        if refusal:
+            raise CommandError(refusal)
         self.stopping = False
         previous = self._trap_signals()
         try:
