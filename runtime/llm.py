@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Protocol
 
@@ -102,8 +102,10 @@ class ModelOutputInvalid(Exception):
 class Reply:
     text: str
     model_id: str
-    input_tokens: int | None = None  # as the endpoint counted them, when it does
-    output_tokens: int | None = None
+    # As the endpoint counted them, when it does. Metering, not the answer: two replies saying the
+    # same thing from the same model are equal whatever they cost.
+    input_tokens: int | None = field(default=None, compare=False)
+    output_tokens: int | None = field(default=None, compare=False)
 
 
 def accepted(reply: Reply) -> Reply:

@@ -224,4 +224,6 @@ class ModelUsage(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.task_id} v{self.state_version} {self.model_id}: {self.input_tokens}/{self.output_tokens}"
+        return (
+            f"{self.task_id} v{self.state_version} {self.model_id}: {self.input_tokens}/{self.output_tokens}"
+        )
