@@ -6,11 +6,11 @@ capped at the size the caller passes (``Sections``), and nothing is read per row
 child, cancel request and rerun (``None``) and no approvals or actions (its history endpoints page
 those); the console caps each list at what its page shows.
 
-Budget (at most): the lease and the model usage totals (one query), its takeovers, the ledger, the pending approvals (only while the task
-waits for one), children, cancel requests, reruns, the parent and the task it reruns (one query for
-both, only when it has either), approvals, actions, the compensated action, the compensation offers
-(``tasks.compensation.offers``, up to four, only for a canceled task), and the user's roles (once per
-request). A list sized 0 is not read.
+Budget (at most): the lease with the model usage totals (one query), its takeovers, the ledger, the
+pending approvals (only while the task waits for one), children, cancel requests, reruns, the parent
+and the task it reruns (one query for both, only when it has either), approvals, actions, the
+compensated action, the compensation offers (``tasks.compensation.offers``, up to four, only for a
+canceled task), and the user's roles (once per request). A list sized 0 is not read.
 """
 
 from __future__ import annotations

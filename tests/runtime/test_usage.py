@@ -13,11 +13,13 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Sum
 from django.test import Client
 from pydantic import BaseModel
 
+from config import settings as config_settings
 from reads.task_detail import Sections, read_task_detail
 from runtime import controls, engine, runner, sweep, usage
 from runtime.llm import ModelUnavailable, Reply
@@ -224,3 +226,16 @@ def test_a_recorded_usage_is_append_only_even_for_the_owner(acme):
         ):
             cursor.execute(sql, [row.pk])
     assert ModelUsage.objects.get(pk=row.pk).input_tokens == 1000
+
+
+def test_model_prices_are_read_per_model_id_even_one_holding_a_colon():
+    assert config_settings._model_prices(" scripted-v1=0.50:1.50, openai-compatible:gpt-4o=2.5:10 ,") == {
+        "scripted-v1": (Decimal("0.50"), Decimal("1.50")),
+        "openai-compatible:gpt-4o": (Decimal("2.5"), Decimal("10")),
+    }
+
+
+@pytest.mark.parametrize("entry", ["m=1", "m=1:2:3", "m=a:b", "=1:2", "m=-1:2", "m=nan:1", "m"])
+def test_a_malformed_price_stops_start_up(entry):
+    with pytest.raises(ImproperlyConfigured, match="MODEL_PRICES"):
+        config_settings._model_prices(entry)
