@@ -75,6 +75,7 @@ class TaskDetail(TaskSummary):
     lease = serializers.SerializerMethodField()
     pending_approvals = serializers.SerializerMethodField()
     ledger = serializers.SerializerMethodField()
+    usage = serializers.SerializerMethodField()
     allowed_transitions = serializers.SerializerMethodField()
     reruns = serializers.SerializerMethodField()
     children = serializers.SerializerMethodField()
@@ -101,6 +102,7 @@ class TaskDetail(TaskSummary):
             "lease",
             "pending_approvals",
             "ledger",
+            "usage",
             "allowed_transitions",
         ]
         read_only_fields = fields
@@ -165,6 +167,18 @@ class TaskDetail(TaskSummary):
 
     def get_ledger(self, task: Task) -> dict[str, int]:
         return self._detail.ledger
+
+    def get_usage(self, task: Task) -> dict[str, Any]:
+        """What the task's model turns used: turns, tokens in and out, and cost at the configured prices
+        (a decimal string; null when any turn was unpriced, ``unpriced`` counting those)."""
+        usage = self._detail.usage
+        return {
+            "turns": usage.turns,
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "cost": None if usage.cost is None else str(usage.cost),
+            "unpriced": usage.unpriced,
+        }
 
     def get_reruns(self, task: Task) -> list[str]:
         """Ids of the tasks started to run this one again, oldest first (``rerun_of``'s FK index)."""

@@ -11,6 +11,7 @@ import contextlib
 import ipaddress
 import os
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 
 import environ
@@ -438,6 +439,34 @@ MODEL_API_KEY = env.str("MODEL_API_KEY", default="")
 MODEL_TIMEOUT = env.float("MODEL_TIMEOUT", default=30.0)
 # The scripted model waits this long before answering, as a real model turn would (benchmarks, soak).
 MODEL_LATENCY_MS = env.float("MODEL_LATENCY_MS", default=0.0)
+
+
+def _model_prices(text: str) -> dict[str, tuple[Decimal, Decimal]]:
+    """``"<model id>=<input>:<output>,..."`` (prices per 1M tokens) as {model id: (input, output)}.
+
+    The model id is the one a turn records (``scripted-v1``, ``openai-compatible:<model>`` as the
+    endpoint named it); it may hold ``:`` itself, so the prices are what follows its last ``=``.
+    """
+    prices: dict[str, tuple[Decimal, Decimal]] = {}
+    for entry in filter(None, (part.strip() for part in text.split(","))):
+        model, _, pair = entry.rpartition("=")
+        parts = pair.split(":")
+        try:
+            given = tuple(Decimal(part.strip()) for part in parts)
+        except ArithmeticError:
+            given = ()
+        if not model.strip() or len(given) != 2 or not all(p.is_finite() and p >= 0 for p in given):
+            raise ImproperlyConfigured(
+                f"MODEL_PRICES: {entry!r} is not <model id>=<input price>:<output price> (per 1M tokens)"
+            )
+        prices[model.strip()] = (given[0], given[1])
+    return prices
+
+
+# What each model's tokens cost, per 1M tokens (input, output), in one currency of your choice: each
+# turn's cost is recorded from it (runtime.usage). A model missing here records its tokens, cost NULL.
+# The default prices the scripted model (fictitious, so the demo shows figures), nothing else.
+MODEL_PRICES = _model_prices(env.str("MODEL_PRICES", default="scripted-v1=0.50:1.50"))
 
 # HTTPS and the browser's protections (README, "Production"): `manage.py check --deploy` is clean with
 # DEBUG off, a random SECRET_KEY of 50+ characters and ALLOWED_HOSTS set.

@@ -636,6 +636,7 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         ),
         "lease": lease,
         "ledger": ledger,
+        "usage": detail.usage,
         "controls": _control_forms(request, detail, draft, last_check, in_doubt),
         "answer_form": answer_form,
         "rerun_form": rerun_form,

@@ -6,20 +6,21 @@ capped at the size the caller passes (``Sections``), and nothing is read per row
 child, cancel request and rerun (``None``) and no approvals or actions (its history endpoints page
 those); the console caps each list at what its page shows.
 
-Budget (at most): the lease, its takeovers, the ledger, the pending approvals (only while the task
-waits for one), children, cancel requests, reruns, the parent and the task it reruns (one query for
-both, only when it has either), approvals, actions, the compensated action, the compensation offers
-(``tasks.compensation.offers``, up to four, only for a canceled task), and the user's roles (once per
-request). A list sized 0 is not read.
+Budget (at most): the lease with the model usage totals (one query), its takeovers, the ledger, the
+pending approvals (only while the task waits for one), children, cancel requests, reruns, the parent
+and the task it reruns (one query for both, only when it has either), approvals, actions, the
+compensated action, the compensation offers (``tasks.compensation.offers``, up to four, only for a
+canceled task), and the user's roles (once per request). A list sized 0 is not read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, TypeVar
 from uuid import UUID
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
 from approvals.models import ApprovalRequest, ApprovalStatus
@@ -58,12 +59,27 @@ class TaskLink:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """A task's model usage: the sums of its ``runtime.ModelUsage`` rows (every turn billed, kept or not).
+
+    ``cost`` is None unless every turn was priced (``unpriced`` says how many were not): a partial sum
+    would read as the whole bill."""
+
+    turns: int
+    input_tokens: int
+    output_tokens: int
+    cost: Decimal | None
+    unpriced: int
+
+
+@dataclass(frozen=True)
 class TaskDetail:
     """Everything both surfaces show about ``task`` besides its own row."""
 
     task: Task
     lease: Lease | None  # the task's lease row, expired or not
     lease_live: bool  # it had not expired when read
+    usage: Usage  # what its model turns used and cost
     takeovers: tuple[LeaseTakeover, ...]  # newest first
     ledger: dict[str, int]  # dispatch state -> how many of its actions stand there
     pending_approvals: tuple[ApprovalRequest, ...]  # the requests it waits for now, oldest first
@@ -83,12 +99,13 @@ class TaskDetail:
 
 def read_task_detail(task: Task, *, user: Any, sections: Sections) -> TaskDetail:
     """The detail of ``task`` (already scoped to ``user``) with each list capped by ``sections``."""
-    lease = Lease.objects.filter(task=task).first()
+    lease, usage = _lease_and_usage(task)
     links = _links(task)
     return TaskDetail(
         task=task,
         lease=lease,
         lease_live=lease is not None and lease.expires_at > timezone.now(),
+        usage=usage,
         takeovers=tuple(LeaseTakeover.objects.filter(task=task).order_by("-taken_at")[:TAKEOVERS_SHOWN]),
         ledger=ledger_summary(task),
         pending_approvals=_pending_approvals(task, sections.pending_approvals),
@@ -110,6 +127,39 @@ def read_task_detail(task: Task, *, user: Any, sections: Sections) -> TaskDetail
         input=reveal.masked_input(task),
         outcome=reveal.masked_outcome(task),
     )
+
+
+LEASE_COLUMNS = tuple(Lease._meta.concrete_fields)
+
+
+def _lease_and_usage(task: Task) -> tuple[Lease | None, Usage]:
+    """The task's lease row (if any) and its usage sums, in one query: the task row LEFT JOINed to its
+    lease and its usage rows (the ``model_usage_one_per_turn`` index), grouped by the lease's columns."""
+    row = (
+        Task.objects.filter(pk=task.pk)
+        .values(*(f"lease__{field.name}" for field in LEASE_COLUMNS))
+        .annotate(
+            turns=Count("model_usages"),
+            input_tokens=Sum("model_usages__input_tokens"),
+            output_tokens=Sum("model_usages__output_tokens"),
+            cost=Sum("model_usages__cost"),
+            unpriced=Count("model_usages", filter=Q(model_usages__cost__isnull=True)),
+        )
+        .get()
+    )
+    lease = None
+    if row["lease__task"] is not None:
+        values = [row[f"lease__{field.name}"] for field in LEASE_COLUMNS]
+        lease = Lease.from_db(Lease.objects.db, [field.attname for field in LEASE_COLUMNS], values)
+        lease.task = task
+    usage = Usage(
+        turns=row["turns"],
+        input_tokens=row["input_tokens"] or 0,
+        output_tokens=row["output_tokens"] or 0,
+        cost=None if row["unpriced"] else row["cost"] or Decimal(0),
+        unpriced=row["unpriced"],
+    )
+    return lease, usage
 
 
 def ledger_summary(task: Task) -> dict[str, int]:

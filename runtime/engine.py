@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -28,7 +28,7 @@ from audit.models import TransitionEvent
 from ledger import integrity, money, orphans
 from ledger.models import IN_DOUBT, SENDABLE, SETTLED_FAILED, SETTLED_OK, Action, DispatchState
 from ledger.services import action_move
-from runtime import alerts, db, dispatch, evidence, llm, reconcile, validation
+from runtime import alerts, db, dispatch, evidence, llm, reconcile, usage, validation
 from runtime.llm import Model, ModelUnavailable
 from runtime.models import AlertKind
 from tasks import cancellation, children, compensation, effect_keys, registry, services
@@ -204,6 +204,7 @@ def _run_step(
             if turn_cancel is not None:
                 return _turn_canceled(task, kind, step, progress, now, turn_cancel)
             timeout = step.timeout.total_seconds() if step.timeout is not None else None
+            said: llm.Reply | None = None
             try:
                 with db.released(), llm.limits(timeout):  # no database session held through the turn
                     said = model.complete(prompt_id=step.prompt_id, system=step.instructions, facts=facts)
@@ -221,11 +222,18 @@ def _run_step(
             except ModelUnavailable as exc:
                 return retry_later(task, kind, progress, now, code="model_unavailable", reason=str(exc))
             except llm.ModelOutputInvalid as exc:
-                return retry_later(task, kind, progress, now, code="model_output_invalid", reason=str(exc))
+                retry = retry_later(task, kind, progress, now, code="model_output_invalid", reason=str(exc))
+                if said is None or not usage.reported(said):
+                    return retry
+                # Billed though refused: recorded under the model asked (the id it reported may be
+                # what was refused), not committed.
+                billed = dataclasses.replace(said, model_id=model.model_id)
+                return _with_usage(retry, usage.recorder(task, step.name, billed, committed=False, now=now))
             answer = reply.text
             facts[step.output] = answer
             facts[f"{step.output}_model"] = reply.model_id  # which model produced this advisory answer
-            return _advance_to(progress, step.routes.get(answer) or step.next, task, facts=facts)
+            advanced = _advance_to(progress, step.routes.get(answer) or step.next, task, facts=facts)
+            return _with_usage(advanced, usage.recorder(task, step.name, reply, committed=True, now=now))
         case registry.RequestInput():
             if step.answer in facts:  # answered before this step was reached again (refresh, replan)
                 return _advance_to(progress, step.next, task)
@@ -290,6 +298,11 @@ def _run_step(
                 changes={"outcome": {"reason": step.reason}},
             )
     return quarantine(progress, "unknown_step_kind", f"{type(step).__name__} has no interpreter")
+
+
+def _with_usage(decision: Decision, write: Callable[[], None]) -> Decision:
+    """``decision`` recording a turn's usage in its transaction (``runtime.usage``)."""
+    return dataclasses.replace(decision, also=(*decision.also, write))
 
 
 def _dispatch(

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, Protocol
 
@@ -102,8 +102,10 @@ class ModelOutputInvalid(Exception):
 class Reply:
     text: str
     model_id: str
-    input_tokens: int | None = None  # as the endpoint counted them, when it does
-    output_tokens: int | None = None
+    # As the endpoint counted them, when it does. Metering, not the answer: two replies saying the
+    # same thing from the same model are equal whatever they cost.
+    input_tokens: int | None = field(default=None, compare=False)
+    output_tokens: int | None = field(default=None, compare=False)
 
 
 def accepted(reply: Reply) -> Reply:
@@ -116,7 +118,7 @@ def accepted(reply: Reply) -> Reply:
         problem = values.text_problem(value)
         if problem:
             raise ModelOutputInvalid(f"model output refused: the {where} {problem}")
-    return Reply(text, reply.model_id)
+    return Reply(text, reply.model_id, reply.input_tokens, reply.output_tokens)
 
 
 class Model(Protocol):
@@ -168,7 +170,10 @@ def _model_turn(provider: str) -> Callable[[Complete], Complete]:
 
 
 class ScriptedModel:
-    """Deterministic answers per prompt id (each workflow's ``scripts``): the demo's and the tests' model."""
+    """Deterministic answers per prompt id (each workflow's ``scripts``): the demo's and the tests' model.
+
+    It counts tokens too (``_scripted_tokens``: what it was sent, what it answered), so usage and cost
+    figures show without an endpoint."""
 
     model_id = "scripted-v1"
 
@@ -185,7 +190,20 @@ class ScriptedModel:
             raise ModelUnavailable(f"scripted model has no script for prompt {prompt_id!r}")
         if self.latency:
             _wait(self.latency)
-        return Reply(script(registry.facts_for_model(prompt_id, facts)), self.model_id)
+        shown = registry.facts_for_model(prompt_id, facts)
+        answer = script(shown)
+        return Reply(
+            answer,
+            self.model_id,
+            input_tokens=_scripted_tokens(system + json.dumps(shown, sort_keys=True, default=str)),
+            output_tokens=_scripted_tokens(answer),
+        )
+
+
+def _scripted_tokens(text: str) -> int:
+    """The scripted model's token count: one per four characters, rounded up, as a rough tokenizer
+    would give; deterministic, so the demo and the tests show the same figures every run."""
+    return max(1, -(-len(text) // 4))
 
 
 class OpenAICompatibleModel:

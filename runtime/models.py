@@ -187,3 +187,43 @@ class AlertNote(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} of alert {self.alert_id} by {self.by_name}"
+
+
+class ModelUsage(models.Model):
+    """What one model turn cost: the tokens the endpoint counted and their price. Append-only.
+
+    Written by the worker in the transaction of the transition that follows the turn
+    (``runtime.usage.record``), so a turn whose transition never committed (a stale version,
+    a lost lease, a crash) leaves no row, and one that did leaves exactly one: the transition
+    from a version commits once. ``committed`` tells an answer the task kept from one it refused
+    (``llm.ModelOutputInvalid``): the endpoint billed both. Turns that raised before answering
+    (timeouts, errors, cancels) report no usage and record none.
+
+    ``cost`` is ``tokens × price`` from ``settings.MODEL_PRICES`` when the turn was recorded, in the
+    table's currency; NULL when the model has no price or the endpoint gave no counts (unpriced,
+    never a 0 that looks free).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    task = models.ForeignKey("tasks.Task", on_delete=models.PROTECT, related_name="model_usages")
+    step = models.CharField(max_length=128)
+    state_version = models.PositiveIntegerField()  # the version the turn was decided from
+    attempt = models.PositiveIntegerField()  # the task's attempt then: 0 first, then one per retry
+    model_id = models.CharField(max_length=128)  # the model that answered, as the endpoint named it
+    input_tokens = models.PositiveIntegerField(null=True, blank=True)  # NULL: not reported
+    output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    cost = models.DecimalField(max_digits=24, decimal_places=12, null=True, blank=True)
+    committed = models.BooleanField()  # the answer was kept with the transition
+    recorded_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            # One turn per version: the compare-and-set lets one transition leave a version; the task
+            # detail's totals sum a task's rows through this index.
+            models.UniqueConstraint(fields=["task", "state_version"], name="model_usage_one_per_turn"),
+        ]
+
+    def __str__(self) -> str:
+        return (
+            f"{self.task_id} v{self.state_version} {self.model_id}: {self.input_tokens}/{self.output_tokens}"
+        )

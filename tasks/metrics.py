@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
 from datetime import datetime, timedelta
+from decimal import Decimal
 from functools import wraps
 from typing import Any, ParamSpec, Protocol, TypeVar
 
@@ -78,6 +79,13 @@ CLOCK_SKEW = _meter.create_gauge(
     "durable_worker_clock_skew_seconds",
     unit="s",
     description="This worker's clock minus the database's, measured at start and on every heartbeat",
+)
+MODEL_TOKENS = _counter(
+    "durable_model_tokens",
+    "Tokens model turns used, by the model that answered and direction (input, output)",
+)
+MODEL_COST = _counter(
+    "durable_model_cost", "What model turns cost at MODEL_PRICES, by the model that answered"
 )
 CLAIMS_REFUSED = _counter(
     "durable_claims_refused", "Claims a worker refused to make, by worker id and reason (clock_skew)"
@@ -191,6 +199,17 @@ def clock_skew(seconds: float) -> None:
 
 def claim_refused(worker_id: str, reason: str) -> None:
     CLAIMS_REFUSED.add(1, {"worker": worker_id, "reason": reason})
+
+
+def model_used(
+    model_id: str, input_tokens: int | None, output_tokens: int | None, cost: Decimal | None
+) -> None:
+    """One model turn's recorded usage, after it committed: its tokens, and its cost when priced."""
+    for direction, tokens in (("input", input_tokens), ("output", output_tokens)):
+        if tokens:
+            MODEL_TOKENS.add(tokens, {"model": model_id, "direction": direction})
+    if cost is not None:
+        MODEL_COST.add(float(cost), {"model": model_id})
 
 
 def _since(start: datetime, end: datetime) -> float:

@@ -31,6 +31,7 @@ from demo.sandbox.models import Effect
 from ledger import restores
 from ledger.models import Action, MoneyMovement, OrphanEffect, RestoreHead, RestoreLoss, RestoreRecord
 from runtime import runner
+from runtime.models import ModelUsage
 from tasks.models import Task
 from tasks.states import State
 from tenancy.models import AccessEvent, Membership, Role
@@ -211,6 +212,24 @@ def test_the_app_role_cannot_rewrite_or_delete_a_money_movement(sandbox, acme, o
     ):
         assert "permission denied" in refused(conn, sql, [movement.pk]), sql
     assert MoneyMovement.objects.get(pk=movement.pk).amount == movement.amount
+
+
+def test_the_app_role_cannot_rewrite_or_delete_a_model_usage(acme, app_role):  # noqa: F811
+    """What a task's model turns cost is history: not a count lowered, not a turn forgotten."""
+    name, connect = app_role
+    task = make_task(acme)
+    usage = ModelUsage.objects.create(
+        task=task, step="triage", state_version=1, attempt=0, model_id="scripted-v1", input_tokens=10,
+        output_tokens=2, cost=None, committed=True, recorded_at=timezone.now(),
+    )  # fmt: skip
+    conn = connect()
+    for sql in (
+        "UPDATE runtime_modelusage SET input_tokens = 0 WHERE id = %s",
+        "UPDATE runtime_modelusage SET cost = 0 WHERE id = %s",
+        "DELETE FROM runtime_modelusage WHERE id = %s",
+    ):
+        assert "permission denied" in refused(conn, sql, [usage.pk]), sql
+    assert ModelUsage.objects.get(pk=usage.pk).input_tokens == 10
 
 
 def test_the_app_role_cannot_rewrite_what_recover_found_or_the_restore_it_recorded(acme, app_role):  # noqa: F811

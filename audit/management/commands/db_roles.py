@@ -76,6 +76,7 @@ APPEND_ONLY = (
     "ledger_moneymovement",
     "ledger_restorerecord",
     "ledger_restoreloss",
+    "runtime_modelusage",
 )
 # Columns the app never updates once the row exists (key rotation and retention run as the owner).
 WITHHELD = {
