@@ -23,15 +23,15 @@ from audit import sealing
 from audit.models import TransitionEvent
 from tasks import checkpoints, registry, services
 from tasks.models import Checkpoint, Task
+from tasks.selectors import roles_in
 from tenancy.models import AccessEvent, Role
-from tenancy.selectors import roles_by_tenant
 from tenancy.services import record_access
 
 REVEAL_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
 
 
 def may_reveal(user: Any, task: Task) -> bool:
-    return bool(roles_by_tenant(user).get(task.tenant_id, frozenset()) & REVEAL_ROLES)
+    return bool(roles_in(user, task) & REVEAL_ROLES)
 
 
 # --- masked views ------------------------------------------------------------------------------------

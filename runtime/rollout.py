@@ -19,6 +19,14 @@ that key. Another key: the facts did change, and the quarantine stands for an
 operator. An older worker that claims the task first quarantines it again, and
 a later sweep lifts it again, until a newer worker has it (a rollout ends with
 no older workers).
+
+The reason and the facts are taken from the chain, not from the task row: the
+event that put the task in quarantine must say ``effect_changed_after_intent``
+and be keyed, and the checkpoint is read as a worker resumes from it (vouched
+by a keyed event). The app role can rewrite ``Task.state_reason`` and insert
+checkpoints and events, but cannot key one; trusting the row would let it
+relabel a quarantine held for something else (a tampered effect or checkpoint,
+which only an operator releases) and have the sweep lift it with a keyed event.
 """
 
 from __future__ import annotations
@@ -27,6 +35,10 @@ import logging
 
 from django.db.models import Exists, OuterRef
 
+from audit.chain import link_problem
+from audit.keys import chain_keys
+from audit.models import TransitionEvent
+from audit.verify import keyed_since
 from ledger import integrity, keys
 from ledger.models import SETTLED_OK, Action
 from tasks import effect_keys, registry, services
@@ -56,7 +68,7 @@ def lift_key_scheme_quarantines(region: str, batch: int) -> int:
     )
     lifted = 0
     for task in quarantined:
-        key = _key_unchanged(task)
+        key = _key_unchanged(task) if _held_for_the_key(task) else None
         if key is None:
             continue
         try:
@@ -77,10 +89,22 @@ def lift_key_scheme_quarantines(region: str, batch: int) -> int:
     return lifted
 
 
+def _held_for_the_key(task: Task) -> bool:
+    """The chain agrees with the row: the event at the task's version quarantined it for
+    ``CHANGED_AFTER_INTENT`` and was written with the chain key."""
+    event = TransitionEvent.objects.filter(task_id=task.pk, state_version=task.state_version).first()
+    return (
+        event is not None
+        and (event.to_state, event.trigger, event.reason_code)
+        == (State.QUARANTINED, Trigger.QUARANTINE, CHANGED_AFTER_INTENT)
+        and link_problem(event, chain_keys(), keyed_since) is None
+    )
+
+
 def _key_unchanged(task: Task) -> str | None:
     """The stored key of the quarantined step's action, if this deployment computes the same one."""
     try:
-        checkpoint = services.latest_checkpoint(task)
+        checkpoint = services.latest_checkpoint(task, vouched=True)
         step = registry.get(task.task_type).step(checkpoint.step)
     except (CheckpointUnreadable, KeyError):
         return None

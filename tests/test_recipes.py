@@ -31,6 +31,7 @@ from tasks.models import Task
 from tasks.registry import Complete, Dispatch, ModelTurn, TaskType
 from tasks.states import State, Trigger
 from tenancy.models import Role
+from tenancy.services import grant_role
 from tests.conftest import api_client_for, make_task
 
 pytestmark = pytest.mark.django_db
@@ -129,15 +130,17 @@ def test_a_new_task_type_and_connector_run_end_to_end_from_the_api(greeting_type
 
 def _reload_root_urls() -> None:
     """The root URL conf holds the resolvers ``include()`` built at import: rebuild them."""
-    importlib.reload(sys.modules["config.urls"])
+    importlib.reload(importlib.import_module("config.urls"))  # imported first when this test runs alone
     clear_url_caches()
 
 
 @login_required
 def recipe_page(request):
-    """Parse, check access, read (through ``reads/``), render: the shape of every console view."""
-    tenant_ids_or_403(request.user, (Role.OPERATOR, Role.ADMIN))
-    return render(request, "console/recipe.html", {"tasks": visibility.visible_tasks(request.user)})
+    """Parse, check access, read (through ``reads/``), render: the shape of every console view. The read
+    is narrowed to the tenants the check passed for: a role elsewhere shows nothing of those tenants."""
+    tenant_ids = tenant_ids_or_403(request.user, (Role.OPERATOR, Role.ADMIN))
+    tasks = visibility.visible_tasks(request.user).filter(tenant_id__in=tenant_ids)
+    return render(request, "console/recipe.html", {"tasks": tasks})
 
 
 @pytest.fixture
@@ -168,6 +171,17 @@ def test_a_new_console_page_is_a_view_a_url_and_a_template(
     assert b"<h1>Recipe</h1>1 tasks" in page.content and b"<nav" in page.content  # inside the layout
     client.force_login(auditor)
     assert client.get("/console/recipe/").status_code == 403
+
+
+def test_the_new_page_shows_only_the_tenants_its_access_check_passed_for(
+    recipe_page_added, client, operator, acme, globex
+):
+    """An operator of acme who only audits globex: the operators' page lists acme's tasks, not globex's."""
+    grant_role(operator, globex, Role.AUDITOR)
+    make_task(acme)
+    make_task(globex)
+    client.force_login(operator)
+    assert b"<h1>Recipe</h1>1 tasks" in client.get("/console/recipe/").content
 
 
 # --- an operator control: an edge in the table, a name in CONTROLS --------------------------------

@@ -9,9 +9,10 @@ the facts changed, or an action of the task-id scheme, the quarantine stands.
 from __future__ import annotations
 
 import pytest
+from django.utils import timezone
 
 from audit.models import TransitionEvent
-from ledger import keys
+from ledger import integrity, keys
 from ledger.models import Action
 from runtime import rollout
 from runtime.sweep import sweep
@@ -43,7 +44,7 @@ def intended(tenant, *, client_key: str | None = "client-order-7/pay") -> tuple[
     return Task.objects.get(pk=task.pk), facts
 
 
-def quarantined_by_an_older_worker(task: Task, facts: dict) -> Task:
+def quarantined_by_an_older_worker(task: Task, facts: dict, code: str = rollout.CHANGED_AFTER_INTENT) -> Task:
     advance(
         task.id,
         task.state_version,
@@ -52,7 +53,7 @@ def quarantined_by_an_older_worker(task: Task, facts: dict) -> Task:
         trigger=Trigger.QUARANTINE,
         progress=Progress(step="pay", facts=facts),
         reason="pay: the facts changed after the key was intended",
-        reason_code=rollout.CHANGED_AFTER_INTENT,
+        reason_code=code,
     )
     return Task.objects.get(pk=task.pk)
 
@@ -99,3 +100,40 @@ def test_only_the_system_lifts_and_only_out_of_quarantine(acme):
     with pytest.raises(TransitionNotAllowed):  # a worker may not: the lift is the sweep's alone
         advance(task.id, task.state_version, State.RESUME_VALIDATION, actor=Actor.worker("w"),
                 trigger=Trigger.DEPLOYMENT_CHANGED, reason_code=rollout.LIFTED)  # fmt: skip
+
+
+# --- what the app role can do without the chain key (the attacks of issue 20) --------------------------
+
+
+def test_a_quarantine_held_for_another_reason_and_relabelled_by_sql_stands(acme):
+    """Held for a tampered effect (only an operator releases that); one ``UPDATE`` of the column the app
+    writes says the older deployment's reason. The chain still says why it is held: the sweep leaves it."""
+    task, facts = intended(acme)
+    task = quarantined_by_an_older_worker(task, facts, code=integrity.EFFECT_DIGEST_MISMATCH)
+    Task.objects.filter(pk=task.pk).update(state_reason=rollout.CHANGED_AFTER_INTENT)
+
+    assert sweep(lambda task_id, region: None, region=task.region).quarantines_lifted == 0
+    task.refresh_from_db()
+    assert (task.state, task.state_version) == (State.QUARANTINED, 3)
+    assert not TransitionEvent.objects.filter(task=task, reason_code=rollout.LIFTED).exists()
+
+
+def test_a_quarantine_written_without_the_chain_key_stands(acme):
+    """An inserted event saying the older deployment's reason, the task row pointed at it: not a keyed
+    link, so nothing the sweep lifts (and the worker would not resume from it either)."""
+    task, _ = intended(acme)
+    last = task.events.get(state_version=task.state_version)
+    version = task.state_version + 1
+    TransitionEvent.objects.create(
+        task=task, tenant=task.tenant, state_version=version, from_state=task.state,
+        to_state=State.QUARANTINED, trigger=Trigger.QUARANTINE, actor_kind="worker",
+        actor_id=OLDER_WORKER.id, reason="pay: the facts changed", reason_code=rollout.CHANGED_AFTER_INTENT,
+        attempt=last.attempt, policy_version=last.policy_version, created_at=timezone.now(),
+        prev_hash=last.hash, hash="f" * 64, key_id=last.key_id,
+    )  # fmt: skip
+    Task.objects.filter(pk=task.pk).update(
+        state=State.QUARANTINED, state_version=version, state_reason=rollout.CHANGED_AFTER_INTENT
+    )
+
+    assert rollout.lift_key_scheme_quarantines(task.region, 10) == 0
+    assert Task.objects.get(pk=task.pk).state == State.QUARANTINED
