@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, ClassVar
 from uuid import UUID
@@ -442,15 +443,15 @@ def _integrator(request: Request, task: Task) -> Actor:
     return Actor.user(request.user, ActorKind.INTEGRATOR)
 
 
-class _FeedApi(APIView):
+class _FeedApi(APIView, ABC):
     """What feeding a task from outside shares: the task in the caller's tenants, the feeding role, the
     body validated by ``Body``, one service call (``deliver``), and the delivery with the task after."""
 
     token_scopes = {"POST": Scope.INTEGRATE}
     Body: ClassVar[type[serializers.Serializer[None]]]
 
-    def deliver(self, task: Task, actor: Actor, data: dict[str, Any]) -> services.Delivery:
-        raise NotImplementedError
+    @abstractmethod
+    def deliver(self, task: Task, actor: Actor, data: dict[str, Any]) -> services.Delivery: ...
 
     # No docstring here: drf-spectacular would make it every subclass's operation description.
     def post(self, request: Request, task_id: UUID) -> Response:
