@@ -84,10 +84,10 @@ locks:
 	$(LOCK_VENV)/bin/pip install --quiet --disable-pip-version-check $(PIP_TOOLS)
 	cd requirements && CUSTOM_COMPILE_COMMAND="make locks" $(CURDIR)/$(LOCK_VENV)/bin/pip-compile --quiet \
 		--generate-hashes --strip-extras --no-emit-index-url --no-emit-find-links $(PIP_COMPILE_ARGS) \
-		--output-file runtime.lock ../pyproject.toml
+		--extra agents --output-file runtime.lock ../pyproject.toml
 	cd requirements && CUSTOM_COMPILE_COMMAND="make locks" $(CURDIR)/$(LOCK_VENV)/bin/pip-compile --quiet \
 		--generate-hashes --strip-extras --no-emit-index-url --no-emit-find-links $(PIP_COMPILE_ARGS) \
-		--extra test --extra lint --constraint runtime.lock --output-file dev.lock ../pyproject.toml
+		--extra agents --extra test --extra lint --constraint runtime.lock --output-file dev.lock ../pyproject.toml
 
 bench: install
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/transitions.py

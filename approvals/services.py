@@ -64,7 +64,8 @@ class ApprovalRefused(Exception):
 
 def consequential_fields(step: registry.Dispatch, facts: dict[str, Any]) -> dict[str, Any]:
     """What an approval of ``step`` authorizes: where the effect goes and exactly what it is."""
-    return {"step": step.name, "connector": step.connector, "effect": step.effect(facts)}
+    fields = {"step": step.name, "connector": step.connector, "effect": step.effect(facts)}
+    return {**fields, "binds": dict(step.binds)} if step.binds else fields
 
 
 def material_snapshot(task: Task, kind: registry.TaskType, facts: dict[str, Any]) -> dict[str, Any]:

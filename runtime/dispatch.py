@@ -57,7 +57,7 @@ from ledger.connectors.base import OutcomeUnknown, Rejected
 from ledger.models import SENDABLE, Action, DispatchState
 from ledger.services import action_move
 from runtime import chaos, db
-from tasks import cancellation, checkpoints, leases, metrics
+from tasks import cancellation, checkpoints, leases, metrics, registry
 from tasks.exceptions import LeaseLost, StaleEpoch, StaleVersion
 from tasks.leases import Held
 from tasks.models import Checkpoint, Lease, Task
@@ -150,6 +150,19 @@ def _unchained_approval(approval: ApprovalRequest) -> str:
     )
 
 
+def _binds(action: Action) -> dict[str, str]:
+    """What else an approval of ``action``'s step binds (``registry.Dispatch.binds``): {} for a
+    workflow's own step; read from the registry (one read of the task's type) for an agent's call."""
+    if registry.CALL_MARK not in action.step:
+        return {}
+    task_type = Task.objects.filter(pk=action.task_id).values_list("task_type", flat=True).first()
+    try:
+        step = registry.get(task_type or "").step(action.step)
+    except KeyError:
+        return {}
+    return dict(step.binds) if isinstance(step, registry.Dispatch) else {}
+
+
 def _not_as_intended(action: Action, effect: dict[str, Any], approval: ApprovalRequest | None) -> str:
     """Why ``effect`` (``action``'s, opened) must not be sent as the intent; "" when every record agrees.
 
@@ -161,6 +174,9 @@ def _not_as_intended(action: Action, effect: dict[str, Any], approval: ApprovalR
     if not why and approval is not None:
         # What an approval authorizes (approvals.services.consequential_fields), built from this action.
         authorized = {"step": action.step, "connector": action.connector, "effect": effect}
+        binds = _binds(action)
+        if binds:  # an agent's tool call: the agent, the tool and the call are bound too
+            authorized["binds"] = binds
         why = integrity.mismatch(approval_digest(authorized), approval.digest, "the approval's digest")
         why = why or _unchained_approval(approval)
     if not why:

@@ -98,7 +98,7 @@ def decide(
             return ended
     step = kind.step(checkpoint.step)
     if step is None:
-        return quarantine(progress, "unknown_step", f"step {checkpoint.step!r} is not part of {kind.name}")
+        return validation.unknown_step(kind, checkpoint.step, progress)
     verdict = _run_step(task, kind, step, progress, model=model, now=now, lease=lease, cancels=cancels)
     if undoing is not None and verdict is not None and verdict.reason_code in RUN_REFUSALS:
         # A compensation run ends the same way however its one call was refused.
@@ -234,6 +234,11 @@ def _run_step(
             facts[f"{step.output}_model"] = reply.model_id  # which model produced this advisory answer
             advanced = _advance_to(progress, step.routes.get(answer) or step.next, task, facts=facts)
             return _with_usage(advanced, usage.recorder(task, step.name, reply, committed=True, now=now))
+        case registry.AgentRun():
+            turn_cancel = cancels.get(CancelScope.MODEL_TURN)
+            if turn_cancel is not None:
+                return _turn_canceled(task, kind, step, progress, now, turn_cancel)
+            return _agent_step(task, kind, step, progress, now)
         case registry.RequestInput():
             if step.answer in facts:  # answered before this step was reached again (refresh, replan)
                 return _advance_to(progress, step.next, task)
@@ -298,6 +303,18 @@ def _run_step(
                 changes={"outcome": {"reason": step.reason}},
             )
     return quarantine(progress, "unknown_step_kind", f"{type(step).__name__} has no interpreter")
+
+
+def _agent_step(
+    task: Task, kind: registry.TaskType, step: registry.AgentRun, progress: Progress, now: datetime
+) -> Decision:
+    """An SDK agent's step (``runtime.sdk.step``), when this deployment has the SDK (the ``agents``
+    extra); without it the task is held with the reason, not failed: a worker that has it resumes it."""
+    try:
+        from runtime.sdk import step as agent_step
+    except ImportError as exc:
+        return quarantine(progress, "agents_sdk_missing", f"this worker cannot run SDK agents: {exc}")
+    return agent_step.decide(task, kind, step, progress, now=now)
 
 
 def _with_usage(decision: Decision, write: Callable[[], None]) -> Decision:
@@ -581,7 +598,7 @@ def _reuse_earlier(
 def _turn_canceled(
     task: Task,
     kind: registry.TaskType,
-    step: registry.ModelTurn,
+    step: registry.ModelTurn | registry.AgentRun,
     progress: Progress,
     now: datetime,
     request: CancelRequest,

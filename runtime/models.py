@@ -227,3 +227,63 @@ class ModelUsage(models.Model):
         return (
             f"{self.task_id} v{self.state_version} {self.model_id}: {self.input_tokens}/{self.output_tokens}"
         )
+
+
+# --- agent runs (runtime.sdk) ----------------------------------------------------------------------
+
+
+class AgentTurn(models.Model):
+    """One model turn of an agent run, as the model answered it: recorded once, replayed ever after.
+
+    Committed with the transition that follows the turn (``runtime.sdk.step``), so a turn is either
+    recorded or was never taken; a run rebuilt after a crash replays it instead of asking the model
+    again. ``response`` is the turn's output items and usage, sealed whole to the task (a transcript
+    may hold anything the customer wrote); ``register_json_column`` lets rotation and retention reach it.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    task = models.ForeignKey("tasks.Task", on_delete=models.PROTECT, related_name="agent_turns")
+    step = models.CharField(max_length=64)  # the AgentRun step
+    turn = models.PositiveIntegerField()  # 1, 2, ... over the whole run
+    agent = models.CharField(max_length=128)  # the agent that was asked (handoffs change it)
+    model_id = models.CharField(max_length=128)
+    response = models.JSONField()  # {"items": [...], "usage": {...}}, sealed
+    state_version = models.PositiveIntegerField()  # the version the turn was decided from
+    recorded_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["task", "step", "turn"], name="agent_turn_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} {self.step} turn {self.turn} ({self.agent})"
+
+
+class AgentSnapshot(models.Model):
+    """The SDK's own serialized run state at a pause (``RunState.to_string``): an artifact, never the
+    authority. Stored server-side with the SDK's schema version and a MAC over the task, step, turn
+    and body (``runtime.sdk.snapshots``); a resume that finds it altered, or written by a newer SDK
+    schema than this worker reads, refuses it with a recorded reason. Where it disagrees with the
+    ledger (a call it thinks has not run, the ledger says settled), the ledger wins. Append-only: the
+    newest one of a task's step is where its run resumes.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    task = models.ForeignKey("tasks.Task", on_delete=models.PROTECT, related_name="agent_snapshots")
+    step = models.CharField(max_length=64)
+    turns = models.PositiveIntegerField()  # model turns taken before the pause
+    schema_version = models.CharField(max_length=16)  # the SDK's $schemaVersion
+    sdk_version = models.CharField(max_length=32)  # the SDK that wrote it
+    body = models.JSONField()  # the snapshot text, sealed
+    size = models.PositiveIntegerField()  # bytes of the snapshot text
+    mac = models.CharField(max_length=64)
+    key_id = models.CharField(max_length=64)
+    state_version = models.PositiveIntegerField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["task", "step", "-id"], name="agent_snapshot_latest")]
+
+    def __str__(self) -> str:
+        return f"{self.task_id} {self.step} after turn {self.turns} (schema {self.schema_version})"

@@ -67,7 +67,7 @@ def _verdict(task: Task, checkpoint: Checkpoint, kind: registry.TaskType, now: d
             changes={"outcome": {"reason": "deadline_passed"}},
         )
     if kind.step(checkpoint.step) is None:
-        return quarantine(progress, "unknown_step", f"step {checkpoint.step!r} is not part of {kind.name}")
+        return unknown_step(kind, checkpoint.step, progress)
     if task.owner is not None and not has_role(
         task.owner, task.tenant_id, Role.OPERATOR, Role.ADMIN, Role.INTEGRATOR
     ):
@@ -155,6 +155,20 @@ def _verdict(task: Task, checkpoint: Checkpoint, kind: registry.TaskType, now: d
         reason_code="revalidated",
         reason=f"deadline, step, access, runtime config, policy and {checked} evidence records hold",
     )
+
+
+def unknown_step(kind: registry.TaskType, name: str, progress: Progress) -> Decision:
+    """Hold a task whose checkpoint names a step this deployment does not have; an agent's tool call
+    whose tool was removed says so."""
+    tool, mark, _ = name.partition(registry.CALL_MARK)
+    if mark and kind.agent_runs:
+        return quarantine(
+            progress,
+            "agent_tool_removed",
+            f"the agent's call {name!r} is of tool {tool!r}, which {kind.name} no longer declares:"
+            " nothing of it was sent; an operator decides what the task does",
+        )
+    return quarantine(progress, "unknown_step", f"step {name!r} is not part of {kind.name}")
 
 
 def _approver_gone(task: Task, kind: registry.TaskType, progress: Progress, now: datetime) -> Decision | None:

@@ -12,7 +12,11 @@ the accepted facts is not entered twice.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -129,6 +133,9 @@ class Dispatch(Step):
     # and per API token, the business reference. With one, the effect needs ``approval`` only when
     # the policy finds something; without, always (when ``approval`` is named).
     money: MoneyPolicy | None = None
+    # What else an approval of this effect is bound to (its digest covers it): an agent's tool call
+    # names the agent, the tool and the call (``AgentRun``). Empty for a workflow's own steps.
+    binds: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.money is not None and not self.approval:
@@ -157,6 +164,143 @@ class StartChildren(Step):
 
     def targets(self) -> set[str]:
         return {self.next, self.on_incomplete}
+
+
+# --- agents: a run of an SDK agent as one step, each of its tool calls a step of its own ----------------
+
+# The name of the steps a tool call becomes: ``<tool>#<call>`` performs it (a ``Dispatch``),
+# ``<tool>#<call>:approve`` asks for it (a ``RequestApproval``); the call's arguments are the facts
+# ``<tool>#<call>.<argument>``. ``<call>`` is the model's call id when it is short and plain, else a
+# digest of it (``call_key``). Steps, actions and approvals keyed by these names are the call's own.
+CALL_MARK = "#"
+APPROVE_SUFFIX = ":approve"
+_PLAIN_CALL = re.compile(r"^[A-Za-z0-9_-]{1,32}$")
+
+
+def call_key(call_id: str) -> str:
+    """``call_id`` as it appears in step names: itself when short and plain, else a digest of it."""
+    if _PLAIN_CALL.match(call_id):
+        return call_id
+    return "h" + hashlib.sha256(call_id.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class AgentEvidence:
+    """A read-only tool: each call reads record ``<argument record_from>`` from ``system`` and keeps
+    its reference and the facts named in ``facts``, as a ``ReadEvidence`` step does; what the model
+    is told is those facts (sensitive ones masked)."""
+
+    tool: str
+    system: str
+    record_from: str
+    facts: Mapping[str, str] = field(default_factory=dict)  # record field -> fact name
+
+
+@dataclass(frozen=True)
+class AgentEffect:
+    """A tool with a side effect: each call is a ledger action through ``connector``.
+
+    ``effect`` builds the request from the call's arguments and the task's facts (an address the
+    model must not choose comes from the facts). ``approval``: every call needs an approver;
+    ``money``: calls the policy finds something about do (its amount, currency and reference are
+    argument names). The tool's own function is never run: the ledger performs the call.
+    """
+
+    tool: str
+    connector: str
+    effect: Callable[[Facts, Facts], dict[str, Any]]  # (arguments, facts) -> request
+    sensitive: frozenset[str] = frozenset()
+    money: MoneyPolicy | None = None
+    approval: bool = False
+    approver_role: str = "approver"
+    reason: str = ""
+    timeout: timedelta = timedelta(days=1)
+
+    def needs_approval(self, arguments: Facts) -> bool:
+        """Whether a call with ``arguments`` must wait for an approver before its intent, by this
+        declaration alone (the money table, no ledger read): what makes the SDK pause the run."""
+        return self.approval or (
+            self.money is not None and (self.money.always or bool(self.money.over_limit(arguments)))
+        )
+
+
+AgentTool = AgentEvidence | AgentEffect
+
+
+@dataclass(frozen=True)
+class AgentRun(Step):
+    """Run an SDK agent (``runtime.sdk``): each model turn is a transition of this step, each tool
+    call a step of its own (``AgentEffect``: a ledger action, with its approval; ``AgentEvidence``:
+    recorded evidence), after which the run goes on here; its final answer becomes fact ``output``.
+
+    ``agent`` is the SDK's ``Agent`` (opaque to the kernel, which never imports the SDK). Every
+    function tool of it and of the agents it hands off to must be declared in ``tools``.
+    """
+
+    agent: Any = None
+    tools: tuple[AgentTool, ...] = ()
+    output: str = "agent_output"
+    # The facts the agent is given as its first message (JSON; sensitive ones masked, as for a ModelTurn).
+    brief: tuple[str, ...] = ()
+    max_turns: int = 10
+    timeout: timedelta | None = None  # per model turn, as ModelTurn.timeout
+
+    def tool(self, name: str) -> AgentTool | None:
+        return next((tool for tool in self.tools if tool.tool == name), None)
+
+    def call_steps(self, name: str) -> Step | None:
+        """The step ``name`` when it is one of this run's tool calls (see ``CALL_MARK``), else None."""
+        base, approve = (
+            (name[: -len(APPROVE_SUFFIX)], True) if name.endswith(APPROVE_SUFFIX) else (name, False)
+        )
+        tool_name, mark, call = base.partition(CALL_MARK)
+        tool = self.tool(tool_name)
+        if not mark or not isinstance(tool, AgentEffect) or not _PLAIN_CALL.match(call):
+            return None
+        prefix = f"{base}."
+        asks = tool.approval or tool.money is not None
+        if approve:
+            return RequestApproval(
+                f"{base}{APPROVE_SUFFIX}",
+                next=base,
+                action_step=base,
+                reason=tool.reason or f"{tool.tool} needs an approver's consent",
+                approver_role=tool.approver_role,
+                on_rejected=self.name,
+                timeout=tool.timeout,
+            )
+        money = tool.money
+        if money is not None:
+            money = dataclasses.replace(
+                money,
+                amount=prefix + money.amount,
+                currency=prefix + money.currency,
+                reference=prefix + money.reference if money.reference else "",
+            )
+        return Dispatch(
+            base,
+            next=self.name,
+            connector=tool.connector,
+            effect=functools.partial(_call_effect, tool, prefix),
+            on_rejected=self.name,
+            approval=f"{base}{APPROVE_SUFFIX}" if asks else "",
+            sensitive=tool.sensitive,
+            money=money,
+            binds={"agent": self.agent_name, "tool": tool.tool, "call": call},
+        )
+
+    @property
+    def agent_name(self) -> str:
+        return str(getattr(self.agent, "name", "") or "")
+
+
+def call_arguments(prefix: str, facts: Facts) -> dict[str, Any]:
+    """The arguments of the call whose facts start with ``prefix`` (``<tool>#<call>.``)."""
+    return {name[len(prefix) :]: value for name, value in facts.items() if name.startswith(prefix)}
+
+
+def _call_effect(tool: AgentEffect, prefix: str, facts: Facts) -> dict[str, Any]:
+    return tool.effect(call_arguments(prefix, facts), facts)
 
 
 @dataclass(frozen=True)
@@ -229,6 +373,9 @@ class TaskType:
             raise ValueError(f"{self.name}: steps lead to unknown steps {sorted(unknown)}")
         if not self.model_sees <= self.sensitive:
             raise ValueError(f"{self.name}: model_sees names facts not marked sensitive")
+        tools = [tool.tool for run in self.agent_runs for tool in run.tools]
+        if len(tools) != len(set(tools)) or any(not _PLAIN_CALL.match(name) for name in tools):
+            raise ValueError(f"{self.name}: agent tool names must be unique and plain ({tools})")
         leaks = self._unsealed_effect_keys()
         if leaks:
             raise ValueError(
@@ -246,17 +393,26 @@ class TaskType:
             return []
         markers = {name: f"@@sensitive:{name}@@" for name in self.sensitive}
         leaks = []
-        for step in self.steps:
-            if not isinstance(step, Dispatch):
-                continue
+        builders: list[tuple[str, frozenset[str], Callable[[], dict[str, Any]]]] = [
+            (step.name, step.sensitive, functools.partial(step.effect, _StandIn(markers)))
+            for step in self.steps
+            if isinstance(step, Dispatch)
+        ]
+        builders += [
+            (tool.tool, tool.sensitive, functools.partial(tool.effect, _StandIn(), _StandIn(markers)))
+            for run in self.agent_runs
+            for tool in run.tools
+            if isinstance(tool, AgentEffect)
+        ]
+        for name, sensitive, build in builders:
             try:
-                effect = step.effect(_StandIn(markers))
+                effect = build()
             except Exception:  # a builder doing arithmetic on real facts: see above
                 continue
             for key, value in effect.items():
                 text = value if isinstance(value, str) else json.dumps(value, default=str)
-                if key not in step.sensitive and any(marker in text for marker in markers.values()):
-                    leaks.append(f"{step.name}.{key}")
+                if key not in sensitive and any(marker in text for marker in markers.values()):
+                    leaks.append(f"{name}.{key}")
         return leaks
 
     @property
@@ -274,7 +430,18 @@ class TaskType:
         return self.steps[0].name
 
     def step(self, name: str) -> Step | None:
-        return next((step for step in self.steps if step.name == name), None)
+        """The step ``name``: one of ``steps``, or a tool call of an ``AgentRun`` (its own steps)."""
+        found = next((step for step in self.steps if step.name == name), None)
+        if found is None and CALL_MARK in name:
+            for run in self.agent_runs:
+                found = run.call_steps(name)
+                if found is not None:
+                    break
+        return found
+
+    @property
+    def agent_runs(self) -> tuple[AgentRun, ...]:
+        return tuple(step for step in self.steps if isinstance(step, AgentRun))
 
     def step_as(self, name: str, kind: type[AnyStep]) -> AnyStep:
         """The step ``name``, which must be a ``kind`` (an approval's action step is a ``Dispatch``).

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 
 from django.apps import AppConfig
@@ -22,6 +23,10 @@ ORDINARY_WORDS = frozenset(
 )  # fmt: skip
 
 
+# Modules whose task types are SDK agents (runtime.sdk): registered only when the SDK is installed.
+NEEDS_AGENTS_SDK = frozenset({"support_agent"})
+
+
 def redaction_names() -> frozenset[str]:
     """Every registered type's sensitive facts and sensitive effect keys, bar ``ORDINARY_WORDS``."""
     names: set[str] = set()
@@ -29,6 +34,13 @@ def redaction_names() -> frozenset[str]:
         kind = registry.get(type_name)
         names |= kind.sensitive
         names |= {key for step in kind.steps if isinstance(step, registry.Dispatch) for key in step.sensitive}
+        names |= {
+            key
+            for run in kind.agent_runs
+            for tool in run.tools
+            if isinstance(tool, registry.AgentEffect)
+            for key in tool.sensitive
+        }
     return frozenset(names - ORDINARY_WORDS)
 
 
@@ -37,8 +49,10 @@ class WorkflowsConfig(AppConfig):
 
     def ready(self) -> None:
         # Every other module of the package is a task type that registers itself on import.
+        # The types written with the Agents SDK only where it is installed (the ``agents`` extra).
+        sdk = importlib.util.find_spec("agents") is not None
         for module in pkgutil.iter_modules(importlib.import_module(self.name).__path__):
-            if module.name != "apps":
+            if module.name != "apps" and (sdk or module.name not in NEEDS_AGENTS_SDK):
                 importlib.import_module(f"{self.name}.{module.name}")
         # Refuse to start with malformed keys, or with none while some type has fields to seal.
         sealing.check_configuration([name for name in registry.names() if registry.sensitive_fields(name)])

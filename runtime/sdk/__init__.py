@@ -1,0 +1,6 @@
+"""The OpenAI Agents SDK adapter: an SDK agent run as a durable step (``tasks.registry.AgentRun``).
+
+The one module that imports the SDK (``agents``, the optional ``agents`` extra) is ``replay``;
+``step`` is what the engine calls, ``snapshots`` keeps the SDK's paused run state as a checked
+artifact. The README's "Bring your own agent" says what becomes a step, an action, an approval.
+"""

@@ -1,0 +1,354 @@
+"""One step of an ``AgentRun``: read the run's records, replay it, commit the one new thing.
+
+What each kind of progress becomes (``replay`` finds it):
+
+- a new model turn: a transition of the run's step (``agent_turn``; ``agent_handoff`` when a handoff
+  moved the run to another agent) committing its ``AgentTurn`` row and its usage;
+- a call of an ``AgentEvidence`` tool: the record read now, its reference and facts kept, what the
+  model is told kept as fact ``<tool>#<call>:output`` (``agent_evidence``);
+- a call of an ``AgentEffect`` tool: its arguments become facts and the task goes to the call's own
+  ``Dispatch`` step (``agent_tool_call``), which commits the intent, sends it once under the lease,
+  has it reconciled when in doubt and asks its approval when the policy says: the engine's
+  ordinary path, so everything that holds for a workflow's effect holds for the agent's;
+- an SDK pause for approval: the run state stored (``snapshots``) and our approval asked, in one
+  commit: the task is ``waiting_approval`` only once both are written;
+- the final answer: fact ``output``, on to the step's ``next``.
+
+What the run is told of a call comes from our records, never from the snapshot: the ledger's
+settled action (its reference, or why the system refused), the approver's rejection, the evidence
+read. A snapshot that thinks a call has not run, where the ledger says it settled, is told the
+ledger's answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import datetime
+from typing import Any
+
+from approvals import services as approvals
+from approvals.models import ApprovalStatus
+from audit import sealing
+from audit.redaction import redact
+from ledger.models import SETTLED_FAILED, SETTLED_OK, Action
+from runtime import alerts, db, evidence, llm, usage
+from runtime.models import AgentTurn, AlertKind
+from runtime.sdk import replay, snapshots
+from tasks import registry, values
+from tasks.checkpoints import EvidenceRef, Progress, as_fact
+from tasks.decisions import Decision, quarantine, retry_later
+from tasks.models import Task
+from tasks.states import State, Trigger
+
+# What the model is told of a call an approver refused (the decision's comment is theirs, not its).
+REJECTED = "An approver rejected this call; it was not performed."
+READABLE_SCHEMAS = replay.READABLE_SCHEMAS
+
+
+def decide(
+    task: Task, kind: registry.TaskType, step: registry.AgentRun, progress: Progress, *, now: datetime
+) -> Decision:
+    facts = dict(progress.facts)
+    turns = {
+        row.turn: {**_opened(row), "agent": row.agent}
+        for row in AgentTurn.objects.filter(task=task, step=step.name).order_by("turn")
+    }
+    outputs, rejected = _call_results(task, step, turns, facts)
+    start, start_turns = "", 0
+    stored = snapshots.latest(task, step.name)
+    if stored is not None:
+        try:
+            start, start_turns = snapshots.opened(stored, readable=READABLE_SCHEMAS), stored.turns
+        except snapshots.SnapshotRefused as exc:
+            return _refused(task, progress, exc.code, str(exc))
+    recorded = replay.Recorded(turns, outputs, rejected, start, start_turns)
+    timeout = step.timeout.total_seconds() if step.timeout is not None else None
+    try:
+        with db.released():  # no database session held while the model answers
+            outcome = replay.run(
+                step,
+                _first_message(kind, step, facts),
+                recorded,
+                context=_shown(kind, step, facts),
+                timeout=timeout,
+                cancel=llm.cancel_signal.get(),
+            )
+    except replay.TurnInterrupted as exc:
+        raise llm.TurnCanceled(str(exc)) from None
+    except replay.TurnTimedOut as exc:
+        return retry_later(
+            task, kind, progress, now, code="step_timeout", reason=str(exc), trigger=Trigger.STEP_TIMED_OUT
+        )
+    except replay.AgentFailed as exc:
+        if exc.code == "agent_guardrail_tripped" or exc.code == "agent_max_turns":
+            return Decision(
+                State.FAILED,
+                Trigger.FAIL,
+                progress,
+                reason=str(exc),
+                reason_code=exc.code,
+                changes={"outcome": {"reason": exc.code}},
+            )
+        return quarantine(progress, exc.code, str(exc))  # the agent and its declaration disagree
+    except replay.RunStateUnusable as exc:
+        return _refused(task, progress, snapshots.TAMPERED, str(exc))
+    except Exception as exc:  # the model's own failure (HTTP, refusal, garbled reply): try later
+        failure = redact(values.printable(f"model call failed: {type(exc).__name__}: {exc}"))
+        return retry_later(task, kind, progress, now, code="model_unavailable", reason=failure)
+    match outcome:
+        case replay.NewTurn():
+            return _turn(task, step, progress, outcome, now)
+        case replay.CallNeeded():
+            return _call(task, kind, step, progress, facts, outcome.call, now)
+        case replay.Paused():
+            return _pause(task, kind, step, progress, facts, outcome, now)
+        case replay.Finished():
+            done = {**facts, step.output: as_fact(outcome.output)}
+            changes = {"attempt": 0} if task.attempt else {}
+            return Decision(
+                State.READY,
+                Trigger.STEP,
+                progress.model_copy(update={"step": step.next, "facts": done}),
+                reason=f"{outcome.agent} answered",
+                reason_code="agent_finished",
+                changes=changes,
+            )
+    raise AssertionError(f"unhandled replay outcome {outcome!r}")
+
+
+def _opened(row: AgentTurn) -> dict[str, Any]:
+    value = sealing.open_envelope(row.response, _turn_place(row.task_id, row.step, row.turn))
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _turn_place(task_id: Any, step: str, turn: int) -> tuple[str | int, ...]:
+    return sealing.task_place(task_id, "agent_turns", step, turn)
+
+
+def _first_message(kind: registry.TaskType, step: registry.AgentRun, facts: dict[str, Any]) -> str:
+    return json.dumps(_shown(kind, step, facts), sort_keys=True, default=str)
+
+
+def _shown(kind: registry.TaskType, step: registry.AgentRun, facts: dict[str, Any]) -> dict[str, Any]:
+    """The brief's facts as the model may see them: sensitive ones masked unless ``model_sees``."""
+    hidden = kind.sensitive - kind.model_sees
+    return {
+        name: sealing.MODEL_MASK if name in hidden and facts.get(name) not in (None, "") else facts.get(name)
+        for name in step.brief
+    }
+
+
+def _call_results(
+    task: Task, step: registry.AgentRun, turns: dict[int, dict[str, Any]], facts: dict[str, Any]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """What the run is told of each call the recorded turns made: from the ledger, the approvals and
+    the evidence facts. A call with no settled answer yet is in neither map (the run stops there)."""
+    calls = [
+        (str(item.get("call_id")), str(item.get("name")))
+        for turn in turns.values()
+        for item in turn.get("items", [])
+        if item.get("type") == "function_call"
+    ]
+    outputs: dict[str, str] = {}
+    rejected: dict[str, str] = {}
+    bases = {f"{name}{registry.CALL_MARK}{registry.call_key(call_id)}": call_id for call_id, name in calls}
+    actions = {
+        action.step: action
+        for action in Action.objects.filter(task=task, step__in=list(bases)).order_by("id")
+    }  # the newest per step wins
+    for base, call_id in bases.items():
+        read = facts.get(f"{base}:output")
+        action = actions.get(base)
+        if isinstance(read, str):
+            outputs[call_id] = read
+        elif action is not None and action.dispatch_state in SETTLED_OK:
+            outputs[call_id] = json.dumps({"ok": True, "reference": action.external_ref})
+        elif action is not None and action.dispatch_state in SETTLED_FAILED:
+            outputs[call_id] = json.dumps({"ok": False, "error": action.last_error or "refused"})
+        elif action is None:
+            request = approvals.latest_request(task, f"{base}{registry.APPROVE_SUFFIX}")
+            if request is not None and request.status == ApprovalStatus.REJECTED:
+                rejected[call_id] = REJECTED
+    return outputs, rejected
+
+
+def _turn(
+    task: Task, step: registry.AgentRun, progress: Progress, turn: replay.NewTurn, now: datetime
+) -> Decision:
+    row = AgentTurn(
+        task=task,
+        step=step.name,
+        turn=turn.turn,
+        agent=turn.agent[:128],
+        model_id=turn.model_id[:128],
+        response=_sealed_turn(task, step, turn),
+        state_version=task.state_version,
+        recorded_at=now,
+    )
+    calls = [item.get("name") for item in turn.items if item.get("type") == "function_call"]
+    said = f"asks for {', '.join(map(str, calls))}" if calls else "answers"
+    reason = f"turn {turn.turn}: {turn.agent} {said}"
+    code = "agent_turn"
+    if turn.handed_off_from:
+        reason = f"turn {turn.turn}: {turn.handed_off_from} handed off to {turn.agent}, which {said}"
+        code = "agent_handoff"
+    reply = llm.Reply(
+        "",
+        turn.model_id,
+        input_tokens=turn.usage.get("input_tokens"),
+        output_tokens=turn.usage.get("output_tokens"),
+    )
+    also = (usage.recorder(task, step.name, reply, committed=True, now=now),) if usage.reported(reply) else ()
+    return Decision(
+        State.READY,
+        Trigger.STEP,
+        progress.model_copy(update={"step": step.name}),
+        reason=reason,
+        reason_code=code,
+        records=(row,),
+        also=also,
+        changes={"attempt": 0} if task.attempt else {},
+    )
+
+
+def _sealed_turn(task: Task, step: registry.AgentRun, turn: replay.NewTurn) -> Any:
+    return sealing.seal(
+        {"items": turn.items, "usage": turn.usage}, _turn_place(task.id, step.name, turn.turn)
+    )
+
+
+def _arguments_as_facts(base: str, call: replay.Call) -> dict[str, Any]:
+    return {f"{base}.{name}": as_fact(value) for name, value in call.arguments.items()}
+
+
+def _call(
+    task: Task,
+    kind: registry.TaskType,
+    step: registry.AgentRun,
+    progress: Progress,
+    facts: dict[str, Any],
+    call: replay.Call,
+    now: datetime,
+) -> Decision:
+    tool = step.tool(call.tool)
+    base = f"{call.tool}{registry.CALL_MARK}{registry.call_key(call.call_id)}"
+    if isinstance(tool, registry.AgentEvidence):
+        record_id = str(call.arguments.get(tool.record_from, ""))
+        try:
+            record = evidence.fetch(tool.system, record_id)
+            accepted = evidence.facts_from(record, tool.facts)
+        except evidence.EvidenceUnstorable as exc:
+            return quarantine(progress, "evidence_unstorable", str(exc))
+        except evidence.EvidenceUnavailable as exc:
+            return retry_later(task, kind, progress, now, code="evidence_unavailable", reason=str(exc))
+        except evidence.EvidenceMissing as exc:  # the model is told, and decides what that means
+            told = json.dumps({"found": False, "error": str(exc)})
+            return _told(task, progress, {**facts, f"{base}:output": told}, f"{call.tool}: {exc}")
+        hidden = kind.sensitive - kind.model_sees
+        told = json.dumps(
+            {name: ("[sealed]" if name in hidden else value) for name, value in accepted.items()},
+            sort_keys=True,
+            default=str,
+        )
+        ref = EvidenceRef(
+            system=record.system, record_id=record.record_id, record_version=record.version, fetched_at=now
+        )
+        kept = [e for e in progress.evidence if (e.system, e.record_id) != (ref.system, ref.record_id)]
+        return _told(
+            task,
+            progress.model_copy(update={"evidence": [*kept, ref]}),
+            {**facts, **accepted, f"{base}:output": as_fact(told)},
+            f"{call.tool} read {tool.system}/{record_id} v{record.version}",
+            code="agent_evidence",
+        )
+    if not isinstance(tool, registry.AgentEffect):
+        return quarantine(
+            progress, "agent_tool_undeclared", f"tool {call.tool!r} is not declared to the ledger"
+        )
+    return Decision(
+        State.READY,
+        Trigger.STEP,
+        progress.model_copy(update={"step": base, "facts": {**facts, **_arguments_as_facts(base, call)}}),
+        reason=f"calls {call.tool} ({call.call_id}) through {tool.connector}",
+        reason_code="agent_tool_call",
+    )
+
+
+def _told(
+    task: Task, progress: Progress, facts: dict[str, Any], reason: str, code: str = "agent_evidence"
+) -> Decision:
+    return Decision(
+        State.READY,
+        Trigger.STEP,
+        progress.model_copy(update={"facts": facts}),
+        reason=reason,
+        reason_code=code,
+        changes={"attempt": 0} if task.attempt else {},
+    )
+
+
+def _pause(
+    task: Task,
+    kind: registry.TaskType,
+    step: registry.AgentRun,
+    progress: Progress,
+    facts: dict[str, Any],
+    paused: replay.Paused,
+    now: datetime,
+) -> Decision:
+    """Ask our approvers for the first undecided call, storing the run state when the pause is new."""
+    if not paused.undecided:  # every interruption is decided, yet the SDK paused: nothing we can approve
+        return quarantine(progress, "agent_pause_undecidable", "the agent paused with no call left to decide")
+    call = paused.undecided[0]
+    tool = step.tool(call.tool)
+    if not isinstance(tool, registry.AgentEffect):
+        return quarantine(
+            progress,
+            "agent_tool_undeclared",
+            f"the agent paused for {call.tool!r}, which is not an AgentEffect",
+        )
+    for each in paused.undecided:
+        facts.update(
+            _arguments_as_facts(f"{each.tool}{registry.CALL_MARK}{registry.call_key(each.call_id)}", each)
+        )
+    base = f"{call.tool}{registry.CALL_MARK}{registry.call_key(call.call_id)}"
+    ask = kind.step_as(f"{base}{registry.APPROVE_SUFFIX}", registry.RequestApproval)
+    records: tuple[Any, ...] = ()
+    if paused.fresh:
+        try:
+            records = (
+                snapshots.taken(
+                    task,
+                    step.name,
+                    paused.turns,
+                    paused.state,
+                    schema=replay.schema_version_of(paused.state),
+                    sdk_version=replay.SDK_VERSION,
+                    now=now,
+                ),
+            )
+        except snapshots.SnapshotRefused as exc:
+            return quarantine(progress, exc.code, str(exc))
+    asked = approvals.request_decision(
+        task,
+        kind,
+        ask,
+        progress.model_copy(update={"facts": facts}),
+        now=now,
+        why=f"{step.agent_name} asks to call {call.tool} ({call.call_id}): {ask.reason}",
+    )
+    return dataclasses.replace(asked, records=(*records, *asked.records))
+
+
+def _refused(task: Task, progress: Progress, code: str, why: str) -> Decision:
+    """A stored run state we will not resume from: the task is held with the reason; an altered one
+    raises an alert with the quarantine."""
+    held = quarantine(progress, code, why)
+    if code != snapshots.TAMPERED:
+        return held
+
+    def raise_alert() -> None:
+        alerts.raise_for(AlertKind.EFFECT_DIGEST_MISMATCH, task.id)
+
+    return dataclasses.replace(held, also=(raise_alert,))
