@@ -465,8 +465,10 @@ def _model_prices(text: str) -> dict[str, tuple[Decimal, Decimal]]:
 
 # What each model's tokens cost, per 1M tokens (input, output), in one currency of your choice: each
 # turn's cost is recorded from it (runtime.usage). A model missing here records its tokens, cost NULL.
-# The default prices the scripted model (fictitious, so the demo shows figures), nothing else.
-MODEL_PRICES = _model_prices(env.str("MODEL_PRICES", default="scripted-v1=0.50:1.50"))
+# The default prices the two scripted models (fictitious, so the demo shows figures), nothing else.
+MODEL_PRICES = _model_prices(
+    env.str("MODEL_PRICES", default="scripted-v1=0.50:1.50,scripted-support-v1=0.50:1.50")
+)
 # The largest SDK run state an agent run may store at a pause (runtime.sdk.snapshots), in bytes: a
 # bigger one is refused (the task is quarantined with the reason), never truncated.
 AGENT_SNAPSHOT_MAX_BYTES = env.int("AGENT_SNAPSHOT_MAX_BYTES", default=512 * 1024)

@@ -10,11 +10,13 @@ ledger or the evidence reader, as its declaration in the task type says.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any
 
 from agents import Agent, Model, ModelResponse, Usage, function_tool
+from django.conf import settings
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -54,16 +56,15 @@ class SupportModel(Model):
 
     model_id = "scripted-support-v1"
 
-    def __init__(self, latency: float = 0.0) -> None:
-        self.latency = latency
+    def __init__(self, latency: float | None = None) -> None:
+        self.latency = latency  # None: MODEL_LATENCY_MS, read at each turn (as the scripted model does)
 
     async def get_response(
         self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
     ) -> ModelResponse:
-        if self.latency:
-            import asyncio
-
-            await asyncio.sleep(self.latency)
+        latency = settings.MODEL_LATENCY_MS / 1000 if self.latency is None else self.latency
+        if latency:
+            await asyncio.sleep(latency)
         items = [input] if isinstance(input, str) else list(input)
         answer = _next_move(items)
         shown = json.dumps(items, default=str) + str(system_instructions or "")
