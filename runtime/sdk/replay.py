@@ -15,8 +15,8 @@ for the step to commit:
   and asks our approvers;
 - ``Finished``: the agent's final answer.
 
-No database here: the step reads the records before and commits after. The SDK's own tracing is off
-(it would send spans to OpenAI); the step's spans are ours.
+No database here: the step reads the records before and commits after. The SDK's spans join our
+OpenTelemetry trace (``tracing``); its exporter to OpenAI is never installed.
 """
 
 from __future__ import annotations
@@ -50,9 +50,13 @@ from agents.version import __version__ as SDK_VERSION
 from django.conf import settings
 from openai import AsyncOpenAI
 from openai.types.responses import ResponseOutputItem
+from opentelemetry import trace
 from pydantic import TypeAdapter
 
+from runtime.sdk import tracing
 from tasks import registry
+
+tracing.install()  # the SDK's spans go to our OpenTelemetry traces, never to OpenAI
 
 _ITEMS: TypeAdapter[list[ResponseOutputItem]] = TypeAdapter(list[ResponseOutputItem])
 
@@ -234,7 +238,11 @@ async def _run(
     agent = _wrapped(run_step, recorded, box)
     model, model_id = _model_for(run_step)
     recording = _RecordedModel(model, model_id, recorded, box, timeout, cancel)
-    config = RunConfig(model=recording, tracing_disabled=True, trace_include_sensitive_data=False)
+    config = RunConfig(
+        model=recording,
+        workflow_name=f"{run_step.agent_name} ({run_step.name})",
+        trace_include_sensitive_data=False,
+    )
     start: str | RunState[Any] = first_message
     if recorded.start:
         start = await _resumed(agent, recorded)
@@ -434,7 +442,18 @@ class _RecordedModel(Model):
             return response
         if self.cancel is not None and self.cancel.is_set():
             raise TurnInterrupted("a cancel request came before the model turn started")
-        answer = await self._ask(*args, **kwargs)
+        attributes: dict[str, str | int] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.request.model": self.model_id,
+            "durable.agent": self.box.agent,
+            "durable.turn": turn,
+        }
+        with tracing.tracer.start_as_current_span(
+            f"chat {self.model_id}", kind=trace.SpanKind.CLIENT, attributes=attributes
+        ) as span:
+            answer = await self._ask(*args, **kwargs)
+            span.set_attribute("gen_ai.usage.input_tokens", answer.usage.input_tokens)
+            span.set_attribute("gen_ai.usage.output_tokens", answer.usage.output_tokens)
         if self.cancel is not None and self.cancel.is_set():
             raise TurnInterrupted("a cancel request came while the model was answering")
         items = [item.model_dump(mode="json", exclude_none=True) for item in answer.output]
