@@ -245,6 +245,19 @@ class AgentRun(Step):
     max_turns: int = 10
     timeout: timedelta | None = None  # per model turn, as ModelTurn.timeout
 
+    def __post_init__(self) -> None:
+        # Read by shape (the kernel does not import the SDK): every function tool of the agent and of
+        # the agents it hands off to must be declared, and every declaration must name one of them.
+        found = _function_tools(self.agent)
+        declared = {tool.tool for tool in self.tools}
+        if found - declared:
+            raise ValueError(
+                f"{self.name}: the agent's tools {sorted(found - declared)} are not declared: each must be an "
+                "AgentEffect or an AgentEvidence, so the ledger sees what it does"
+            )
+        if declared - found:
+            raise ValueError(f"{self.name}: declared tools {sorted(declared - found)} are not the agent's")
+
     def tool(self, name: str) -> AgentTool | None:
         return next((tool for tool in self.tools if tool.tool == name), None)
 
@@ -292,6 +305,22 @@ class AgentRun(Step):
     @property
     def agent_name(self) -> str:
         return str(getattr(self.agent, "name", "") or "")
+
+
+def _function_tools(agent: Any) -> set[str]:
+    """The names of the function tools (``on_invoke_tool``) of ``agent`` and of every agent it can hand
+    off to (``handoffs``), read by attribute."""
+    names: set[str] = set()
+    seen: list[Any] = []
+    pending = [agent] if agent is not None else []
+    while pending:
+        each = pending.pop()
+        if any(each is earlier for earlier in seen):
+            continue
+        seen.append(each)
+        names |= {str(tool.name) for tool in getattr(each, "tools", ()) if hasattr(tool, "on_invoke_tool")}
+        pending.extend(getattr(each, "handoffs", ()))
+    return names
 
 
 def call_arguments(prefix: str, facts: Facts) -> dict[str, Any]:
