@@ -252,8 +252,8 @@ class AgentRun(Step):
         declared = {tool.tool for tool in self.tools}
         if found - declared:
             raise ValueError(
-                f"{self.name}: the agent's tools {sorted(found - declared)} are not declared: each must be an "
-                "AgentEffect or an AgentEvidence, so the ledger sees what it does"
+                f"{self.name}: the agent's tools {sorted(found - declared)} are not declared: each must be"
+                " an AgentEffect or an AgentEvidence, so the ledger sees what it does"
             )
         if declared - found:
             raise ValueError(f"{self.name}: declared tools {sorted(declared - found)} are not the agent's")
