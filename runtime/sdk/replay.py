@@ -60,7 +60,7 @@ tracing.install()  # the SDK's spans go to our OpenTelemetry traces, never to Op
 
 _ITEMS: TypeAdapter[list[ResponseOutputItem]] = TypeAdapter(list[ResponseOutputItem])
 
-__all__ = ["READABLE_SCHEMAS", "SDK_VERSION", "Recorded", "run", "schema_version_of", "tool_names"]
+__all__ = ["READABLE_SCHEMAS", "SDK_VERSION", "Recorded", "run", "schema_version_of"]
 
 # The run state schemas this SDK reads: a snapshot of any other was written by a newer SDK.
 READABLE_SCHEMAS: frozenset[str] = frozenset(SUPPORTED_SCHEMA_VERSIONS)
@@ -154,12 +154,9 @@ class _Box:
     last_calls: list[str] = field(default_factory=list)  # call ids of the latest turn, in order
 
 
-def tool_names(agent: Any) -> set[str]:
-    """Every function tool's name in ``agent`` and the agents it can hand off to."""
-    return {tool.name for each in _agents_of(agent) for tool in each.tools if isinstance(tool, FunctionTool)}
-
-
 def _agents_of(agent: Any) -> list[Any]:
+    """``agent`` and every agent it can hand off to; refuses a handoff to anything but an ``Agent``
+    (its tools would be out of our reach)."""
     found: list[Any] = []
     pending = [agent]
     while pending:
@@ -195,9 +192,9 @@ def run(
 ) -> Outcome:
     """Replay ``run_step``'s agent over ``recorded`` and return the first thing the records lack.
 
-    Raises ``AgentFailed``, ``TurnTimedOut``, ``TurnInterrupted``, or the model's own error (the
-    step decides what each means), and ``RunStateRefused`` from ``snapshots`` callers' checks is
-    theirs: the state text here is the one they checked.
+    Raises ``AgentFailed``, ``TurnTimedOut``, ``TurnInterrupted``, ``RunStateUnusable`` (the stored
+    state does not fit the agent), or the model's own error: the step decides what each means. The
+    state text in ``recorded`` is one the step has checked already (``snapshots.opened``).
     """
     return asyncio.run(_run(run_step, first_message, recorded, context, timeout, cancel))
 
