@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django.apps import AppConfig
 
+from audit import sealing
+
 
 class RuntimeConfig(AppConfig):
     """What runs in a worker: the engine, the resume loop, the sweep, dispatch and reconciliation."""
@@ -15,3 +17,5 @@ class RuntimeConfig(AppConfig):
         # /metrics (config.metrics) sits below every app and imports none: its database gauges are
         # served from the readings this layer hands it, once the models are loaded.
         metrics.provide_readings(gauges.READINGS)
+        # Agents' conversation memory is sealed whole (runtime.sdk.session): key rotation re-seals it too.
+        sealing.register_json_column("agent sessions", self.get_model("AgentSessionItem"), "item")
