@@ -7,7 +7,8 @@ from and adds to. Here it is a tenant's ``session_id`` and its ``runtime.AgentSe
 - the four sync functions, ``read``, ``append``, ``pop`` and ``clear``: what our agent adapter calls.
   It replays a run from our records at every step, so it never hands a session to the SDK's
   ``Runner``: it reads the items once before a run and appends the run's new ones inside the
-  transaction that completes the agent step. Appending there is what makes it exactly once: a step
+  transaction that completes the agent step (one of ``tasks.transitions.advance``'s ``also=``
+  writes, ``functools.partial(append, …)``). Appending there is what makes it exactly once: a step
   whose transaction did not commit (a crash, a stale version) left no item, and the replayed step
   appends them again; one that did commit is not replayed.
 - ``DurableSession``, the SDK's ``SessionABC`` over the same functions, for code that drives the SDK
@@ -64,7 +65,7 @@ T = TypeVar("T")
 
 
 class SessionError(ValueError):
-    """A call this module refuses before touching the database: nothing was stored or removed."""
+    """A call this module refuses (its arguments): nothing was stored or removed."""
 
 
 class SessionItemRefused(SessionError):
@@ -85,7 +86,7 @@ class SessionItemUnreadable(Exception):
     from another place. ``problem`` is the ``sealing.Unopenable`` problem; nothing was removed."""
 
     def __init__(self, position: int, cause: sealing.Unopenable) -> None:
-        super().__init__(f"session item at position {position} cannot be opened: {cause}")
+        super().__init__(f"the session item at position {position} cannot be opened: {cause}")
         self.position = position
         self.problem = cause.problem
 
@@ -319,7 +320,7 @@ def _readable(tenant_id: int, session_id: str) -> models.QuerySet[AgentSessionIt
 def _opened(tenant_id: int, session_id: str, row_id: UUID, position: int, item: Any) -> dict[str, Any]:
     try:
         value = sealing.open_envelope(
-            item, _place(tenant_id, session_id, position, row_id), where=f"session item {position}"
+            item, _place(tenant_id, session_id, position, row_id), where="its envelope"
         )
     except sealing.Unopenable as exc:
         raise SessionItemUnreadable(position, exc) from None
@@ -329,7 +330,7 @@ def _opened(tenant_id: int, session_id: str, row_id: UUID, position: int, item: 
             sealing.Unopenable(
                 sealing.Unopenable.MALFORMED,
                 key_id=str(item.get(sealing.MARK, "")),
-                where=f"session item {position}",
+                where="its envelope",
                 message="the sealed value is not an item",
             ),
         )

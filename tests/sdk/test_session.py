@@ -59,7 +59,7 @@ def positions() -> list[int]:
 # --- through the SDK -----------------------------------------------------------------------------------
 
 
-class ScriptedModel(agents.Model):
+class ScriptedSdkModel(agents.Model):
     """An SDK model answering each call with the next line of its script, keeping what it was sent."""
 
     def __init__(self, *answers: str) -> None:
@@ -114,7 +114,7 @@ def no_tracing():
 
 
 def test_a_second_run_on_the_session_is_given_the_first_runs_messages(acme):
-    model = ScriptedModel("Hello, how can I help?", "You said hi before.")
+    model = ScriptedSdkModel("Hello, how can I help?", "You said hi before.")
     agent = agents.Agent(name="support", instructions="Be brief.", model=model)
     run = async_to_sync(agents.Runner.run)
 
