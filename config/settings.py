@@ -237,6 +237,9 @@ SPECTACULAR_SETTINGS = {
 # Largest checkpoint body written or loaded. Checkpoints hold references and scalar
 # facts, not documents: a bigger body is a blob that slipped in (or was planted).
 CHECKPOINT_MAX_BYTES = env.int("CHECKPOINT_MAX_BYTES", default=256 * 1024)
+# Largest item an agent's session memory takes (runtime.sdk.session; its canonical JSON, in bytes):
+# a conversation turn, not a document. A bigger one is refused whole, with the batch it came in.
+AGENT_SESSION_ITEM_MAX_BYTES = env.int("AGENT_SESSION_ITEM_MAX_BYTES", default=64 * 1024)
 # Keys sealing sensitive fields (audit.sealing): "id:key,id2:key2", urlsafe-base64 Fernet keys; the
 # first seals, every one opens. Never stored in the database. Unset: a public development key with
 # DEBUG on or under the tests; otherwise start-up refuses (task types mark fields sensitive).

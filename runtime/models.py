@@ -287,3 +287,44 @@ class AgentSnapshot(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id} {self.step} after turn {self.turns} (schema {self.schema_version})"
+
+
+class AgentSessionItem(models.Model):
+    """One item of an agent's conversation memory (an Agents SDK session), sealed. Append-only.
+
+    A session is a tenant's ``session_id`` and its items in ``position`` order; ``runtime.sdk.session``
+    is the only writer. Items are added at the end and leave only from the end (``pop``) or all at once
+    (``clear``); nothing rewrites one, so on PostgreSQL an UPDATE may change ``item`` alone (key rotation
+    re-seals it, retention erases it: runtime migration 0008).
+
+    ``item`` is the whole SDK input item as one envelope (``audit.sealing``), sealed to this row's
+    tenant, session, position and id: a conversation is text someone typed or a model wrote, so none of
+    it is kept in clear, and a token copied into another session or tenant is refused when read.
+
+    ``task`` is the task whose run wrote the item, so retention finds the row through the model graph
+    (archiving the task erases the item, deleting it deletes the row); NULL for code that drives the
+    SDK outside a task, whose rows stay until it clears them.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)  # part of the sealed place
+    tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.PROTECT, related_name="+")
+    session_id = models.CharField(max_length=200)
+    position = models.PositiveIntegerField()  # 0 first; the next append continues after the largest
+    item = models.JSONField()  # {"$sealed": <key id>, "t": <token>}
+    task = models.ForeignKey(
+        "tasks.Task", null=True, blank=True, on_delete=models.PROTECT, related_name="session_items"
+    )
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            # One item per place in a session: two appenders that both read the same last position
+            # cannot both commit (the lock in runtime.sdk.session keeps them from trying). Its index
+            # serves every read, newest first for a limit: (tenant, session_id) ORDER BY position.
+            models.UniqueConstraint(
+                fields=["tenant", "session_id", "position"], name="agent_session_item_position"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}/{self.session_id}#{self.position}"
