@@ -244,6 +244,10 @@ class AgentRun(Step):
     brief: tuple[str, ...] = ()
     max_turns: int = 10
     timeout: timedelta | None = None  # per model turn, as ModelTurn.timeout
+    # Conversation memory (``runtime.sdk.session``): the fact whose value names the conversation (a
+    # customer's address, say; stored as a digest of it). The run starts from what the conversation
+    # held when it began and adds what it said once it answers. "": no memory.
+    session: str = ""
 
     def __post_init__(self) -> None:
         # Read by shape (the kernel does not import the SDK): every function tool of the agent and of

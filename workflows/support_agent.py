@@ -88,8 +88,11 @@ def _tokens(text: str) -> int:
     return max(1, -(-len(text) // 4))
 
 
-def _next_move(items: list[Any]) -> list[Any]:
-    """The next move from the conversation so far: which tool to call, or the final sentence."""
+def _next_move(conversation: list[Any]) -> list[Any]:
+    """The next move from the conversation so far: which tool to call, or the final sentence. Only
+    this request counts (what follows the last user message); earlier ones are memory."""
+    asks = [n for n, i in enumerate(conversation) if isinstance(i, dict) and i.get("role") == "user"]
+    items = conversation[asks[-1] :] if asks else conversation
     brief = _brief(items)
     calls = {
         i["call_id"]: i["name"] for i in items if isinstance(i, dict) and i.get("type") == "function_call"
@@ -99,7 +102,8 @@ def _next_move(items: list[Any]) -> list[Any]:
         for i in items
         if isinstance(i, dict) and i.get("type") == "function_call_output"
     }
-    turn = len(calls) + 1
+    # Call ids unique over the whole conversation (memory holds earlier requests' calls).
+    turn = sum(1 for i in conversation if isinstance(i, dict) and i.get("type") == "function_call") + 1
     order = str(brief.get("order_id", ""))
     if "lookup_order" not in results:
         return [_call(turn, "lookup_order", {"order_id": order})]
@@ -120,10 +124,11 @@ def _next_move(items: list[Any]) -> list[Any]:
         return [_say(f"The refund of order {order} was not paid: {why}.")]
     if "email_customer" not in results:
         return [_call(turn, "email_customer", {"order_id": order, "template": "refund_paid"})]
+    again = " They have asked before." if len(asks) > 1 else ""
     return [
         _say(
             f"Refunded {brief.get('amount')} {brief.get('currency', 'USD')} for order {order}"
-            f" (payment {refunded.get('reference')}); the customer was e-mailed."
+            f" (payment {refunded.get('reference')}); the customer was e-mailed.{again}"
         )
     ]
 
@@ -217,6 +222,7 @@ register(
                 agent=SUPPORT_AGENT,
                 brief=("order_id", "amount", "currency"),
                 output="answer",
+                session="customer_email",  # one conversation per customer: earlier requests are memory
                 tools=(
                     AgentEvidence(
                         "lookup_order",

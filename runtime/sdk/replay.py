@@ -127,6 +127,7 @@ class Paused:
 class Finished:
     output: str
     agent: str
+    said: list[dict[str, Any]] = field(default_factory=list)  # the run's items after its memory's
 
 
 Outcome = NewTurn | CallNeeded | Paused | Finished
@@ -141,6 +142,7 @@ class Recorded:
     rejected: Mapping[str, str]  # call id -> why an approver refused it (what the model is told)
     start: str = ""  # the snapshot text the run resumes from ("" = from its first message)
     start_turns: int = 0  # model turns taken before that snapshot
+    memory: list[dict[str, Any]] = field(default_factory=list)  # the conversation's items before the run
 
 
 @dataclass
@@ -240,7 +242,8 @@ async def _run(
         workflow_name=f"{run_step.agent_name} ({run_step.name})",
         trace_include_sensitive_data=False,
     )
-    start: str | RunState[Any] = first_message
+    opening: list[Any] = [*recorded.memory, {"role": "user", "content": first_message}]
+    start: str | list[Any] | RunState[Any] = opening if recorded.memory else first_message
     if recorded.start:
         start = await _resumed(agent, recorded)
     try:
@@ -277,7 +280,8 @@ async def _run(
         ]
         fresh = not recorded.start or box.turn != recorded.start_turns
         return Paused(undecided, result.to_state().to_string(), box.turn, fresh=fresh)
-    return Finished(_text(result.final_output), result.last_agent.name)
+    said = [dict(item) for item in result.to_input_list()[len(recorded.memory) :]]
+    return Finished(_text(result.final_output), result.last_agent.name, said)
 
 
 async def _resumed(agent: Agent[Any], recorded: Recorded) -> RunState[Any]:

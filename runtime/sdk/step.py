@@ -23,6 +23,8 @@ ledger's answer.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 from datetime import datetime
 from typing import Any
@@ -34,7 +36,7 @@ from audit.redaction import redact
 from ledger.models import SETTLED_FAILED, SETTLED_OK, Action
 from runtime import alerts, db, evidence, llm, usage
 from runtime.models import AgentTurn, AlertKind
-from runtime.sdk import replay, snapshots
+from runtime.sdk import replay, session, snapshots
 from tasks import registry, values
 from tasks.checkpoints import EvidenceRef, Progress, as_fact
 from tasks.decisions import Decision, quarantine, retry_later
@@ -62,7 +64,27 @@ def decide(
             start, start_turns = snapshots.opened(stored, readable=READABLE_SCHEMAS), stored.turns
         except snapshots.SnapshotRefused as exc:
             return _refused(task, progress, exc.code, str(exc))
-    recorded = replay.Recorded(turns, outputs, rejected, start, start_turns)
+    conversation = _conversation(task, step, facts)
+    memory: list[dict[str, Any]] = []
+    if conversation:
+        # What the conversation held when the run began (counted in a fact at its first step), so every
+        # replay starts from the same items however the conversation grew since.
+        known = facts.get(f"{step.name}:memory")
+        try:
+            memory = session.read(task.tenant_id, conversation)
+        except session.SessionItemUnreadable as exc:
+            return quarantine(progress, "agent_memory_unreadable", str(exc))
+        if isinstance(known, int):
+            memory = memory[:known]
+        else:
+            return Decision(
+                State.READY,
+                Trigger.STEP,
+                progress.model_copy(update={"facts": {**facts, f"{step.name}:memory": len(memory)}}),
+                reason=f"{step.agent_name} starts from {len(memory)} items of its conversation memory",
+                reason_code="agent_memory_read",
+            )
+    recorded = replay.Recorded(turns, outputs, rejected, start, start_turns, memory)
     timeout = step.timeout.total_seconds() if step.timeout is not None else None
     try:
         with db.released():  # no database session held while the model answers
@@ -106,6 +128,12 @@ def decide(
         case replay.Finished():
             done = {**facts, step.output: as_fact(outcome.output)}
             changes = {"attempt": 0} if task.attempt else {}
+            # The run's items join its conversation in the commit that finishes the step: once.
+            remember = (
+                (functools.partial(session.append, task.tenant_id, conversation, outcome.said, task),)
+                if conversation
+                else ()
+            )
             return Decision(
                 State.READY,
                 Trigger.STEP,
@@ -113,8 +141,19 @@ def decide(
                 reason=f"{outcome.agent} answered",
                 reason_code="agent_finished",
                 changes=changes,
+                also=remember,
             )
     raise AssertionError(f"unhandled replay outcome {outcome!r}")
+
+
+def _conversation(task: Task, step: registry.AgentRun, facts: dict[str, Any]) -> str:
+    """The run's conversation id: a digest of its ``session`` fact's value in the task's tenant (the
+    value itself, an address say, is not stored in clear); "" without memory or without the fact."""
+    value = facts.get(step.session) if step.session else None
+    if value in (None, ""):
+        return ""
+    named = f"{task.tenant_id}:{task.task_type}:{step.session}:{value}"
+    return "conversation-" + hashlib.sha256(named.encode()).hexdigest()[:40]
 
 
 def _opened(row: AgentTurn) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from approvals.models import ApprovalRequest
 from audit.models import TransitionEvent
 from demo.sandbox.models import Effect
 from ledger.models import Action, DispatchState
-from runtime.models import AgentSnapshot, AgentTurn, ModelUsage
+from runtime.models import AgentSessionItem, AgentSnapshot, AgentTurn, ModelUsage
 from tasks.models import Task
 from tasks.states import State
 from tests.conftest import make_task
@@ -30,12 +30,12 @@ def sandbox(live_server, settings):
     put_order("A-1", total="500.00")
 
 
-def support_task(tenant, amount: str = "30.00") -> Task:
+def support_task(tenant, amount: str = "30.00", order_id: str = "A-1") -> Task:
     return make_task(
         tenant,
         task_type="support_agent",
         objective="Customer asks for a refund of A-1",
-        input={"order_id": "A-1", "customer_email": "c@example.com", "amount": amount, "currency": "USD"},
+        input={"order_id": order_id, "customer_email": "c@example.com", "amount": amount, "currency": "USD"},
     )
 
 
@@ -103,3 +103,20 @@ def test_a_rejected_refund_is_told_to_the_agent_which_ends_without_paying(acme, 
     assert "not paid: an approver rejected it" in task.outcome["answer"]
     assert not Effect.objects.exists()
     assert not Action.objects.filter(task=task).exists()
+
+
+def test_a_customers_second_request_starts_from_the_first_ones_conversation(acme):
+    first = run_until_still(support_task(acme))
+    assert first.state == State.COMPLETED and "asked before" not in first.outcome["answer"]
+    remembered = AgentSessionItem.objects.filter(tenant=acme, task=first).count()
+    assert remembered >= 8  # the brief, four turns' items and three calls' outputs
+
+    put_order("A-2", total="80.00")  # another order: a second refund of A-1 would need an approver
+    second = run_until_still(support_task(acme, amount="20.00", order_id="A-2"))
+
+    assert second.state == State.COMPLETED, (second.state_reason, second.outcome)
+    assert "They have asked before." in second.outcome["answer"]
+    assert AgentSessionItem.objects.filter(tenant=acme, task=second).count() == remembered
+    # Memory is per customer, and nothing of it is in clear.
+    assert AgentSessionItem.objects.values("session_id").distinct().count() == 1
+    assert not AgentSessionItem.objects.filter(item__icontains="c@example.com").exists()
