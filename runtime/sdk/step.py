@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from datetime import datetime
+import time
+from datetime import datetime, timedelta
 from typing import Any
 
 from approvals import services as approvals
@@ -64,6 +65,7 @@ def decide(
             return _refused(task, progress, exc.code, str(exc))
     recorded = replay.Recorded(turns, outputs, rejected, start, start_turns)
     timeout = step.timeout.total_seconds() if step.timeout is not None else None
+    started = time.monotonic()
     try:
         with db.released():  # no database session held while the model answers
             outcome = replay.run(
@@ -78,7 +80,13 @@ def decide(
         raise llm.TurnCanceled(str(exc)) from None
     except replay.TurnTimedOut as exc:
         return retry_later(
-            task, kind, progress, now, code="step_timeout", reason=str(exc), trigger=Trigger.STEP_TIMED_OUT
+            task,
+            kind,
+            progress,
+            _failed_at(now, started),
+            code="step_timeout",
+            reason=str(exc),
+            trigger=Trigger.STEP_TIMED_OUT,
         )
     except replay.AgentFailed as exc:
         if exc.code == "agent_guardrail_tripped" or exc.code == "agent_max_turns":
@@ -93,9 +101,11 @@ def decide(
         return quarantine(progress, exc.code, str(exc))  # the agent and its declaration disagree
     except replay.RunStateUnusable as exc:
         return _refused(task, progress, snapshots.TAMPERED, str(exc))
-    except Exception as exc:  # the model's own failure (HTTP, refusal, garbled reply): try later
-        failure = redact(values.printable(f"model call failed: {type(exc).__name__}: {exc}"))
-        return retry_later(task, kind, progress, now, code="model_unavailable", reason=failure)
+    except Exception as exc:  # the model's failure (HTTP, 429, garbled body) or the SDK's on its reply
+        said = str(exc) if isinstance(exc, replay.ModelCallFailed) else f"{type(exc).__name__}: {exc}"
+        return retry_later(
+            task, kind, progress, _failed_at(now, started), code="model_unavailable", reason=_said(said)
+        )
     match outcome:
         case replay.NewTurn():
             return _turn(task, step, progress, outcome, now)
@@ -115,6 +125,22 @@ def decide(
                 changes=changes,
             )
     raise AssertionError(f"unhandled replay outcome {outcome!r}")
+
+
+def _failed_at(now: datetime, started: float) -> datetime:
+    """When the model call failed, on the step's clock: a backoff counts from the failure, not from
+    the step's start (a call that timed out after 30 s would otherwise owe no wait at all)."""
+    return now + timedelta(seconds=time.monotonic() - started)
+
+
+def _said(text: str) -> str:
+    """What a failed call said, as an audit reason may keep it: bounded, storable, and redacted (an
+    upstream's error body may quote the request's key or the customer's data back)."""
+    return redact(values.printable(f"model call failed: {text}", limit=MAX_FAILURE_CHARS))
+
+
+# A failure's message is kept to this many characters: an error page quoted whole says no more.
+MAX_FAILURE_CHARS = 500
 
 
 def _opened(row: AgentTurn) -> dict[str, Any]:
