@@ -6,7 +6,8 @@ Checked in order, the first failing check deciding the outcome:
 2. the step named by the checkpoint still exists — else quarantine;
 3. the owner still holds an operating role in the tenant — else quarantine;
    the approver of an approval still in force still holds the approver role —
-   else reapprove (a new request);
+   else reapprove (a new request); this covers the type's approval steps and
+   those an agent's calls made on demand (``<tool>#<call>:approve``);
 4. the runtime configuration (model, prompt, tool set) is still approved —
    else replan with the current approved one, or quarantine if none;
 5. the policy version — changed: the task type says replan or proceed;
@@ -27,6 +28,7 @@ from datetime import datetime
 from opentelemetry import trace
 
 from approvals import services as approvals
+from approvals.models import ApprovalRequest
 from runtime import evidence
 from tasks import metrics, registry
 from tasks.checkpoints import Checkpoint, Progress
@@ -173,9 +175,7 @@ def unknown_step(kind: registry.TaskType, name: str, progress: Progress) -> Deci
 
 def _approver_gone(task: Task, kind: registry.TaskType, progress: Progress, now: datetime) -> Decision | None:
     """An approval whose approver lost the role no longer authorizes anything: ask again."""
-    for step in kind.steps:
-        if not isinstance(step, registry.RequestApproval):
-            continue
+    for step in _approval_steps(task, kind):
         request = approvals.latest_request(task, step.name)
         if (
             request is None
@@ -199,3 +199,23 @@ def _approver_gone(task: Task, kind: registry.TaskType, progress: Progress, now:
                 also=ask.also,
             )
     return None
+
+
+def _approval_steps(task: Task, kind: registry.TaskType) -> list[registry.RequestApproval]:
+    """The approval steps whose approvals may still be in force for ``task``: the type's own, then
+    those made on demand (an agent's ``<tool>#<call>:approve``, ``AgentRun.call_steps``), found
+    through the requests the task was asked, in the order they were first asked. A request whose
+    step this code no longer resolves authorizes nothing here (``unknown_step`` holds such a task)."""
+    steps = [step for step in kind.steps if isinstance(step, registry.RequestApproval)]
+    named = {step.name for step in steps}
+    asked = (
+        ApprovalRequest.objects.filter(task=task)
+        .exclude(step__in=named)
+        .order_by("created_at", "id")
+        .values_list("step", flat=True)
+    )
+    for name in dict.fromkeys(asked):  # each step once, first asked first
+        found = kind.step(name)
+        if isinstance(found, registry.RequestApproval):
+            steps.append(found)
+    return steps

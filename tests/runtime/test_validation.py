@@ -256,3 +256,46 @@ def test_a_verdict_is_committed_as_an_audited_transition_with_its_reason(acme):
         "evidence_missing",
     )
     assert (task.state, task.state_reason) == (State.QUARANTINED, "evidence_missing")
+
+
+def test_an_agents_call_approval_whose_approver_lost_the_role_is_asked_again(acme, approver):
+    """An agent's approvals are steps made on demand (``<tool>#<call>:approve``), not among the type's
+    steps: the approver of the agent's refund loses the role before the task resumes, so the approval
+    authorizes nothing and a new request is asked; the refund waits for it, then is paid once."""
+    pytest.importorskip("agents")
+    from approvals.models import ApprovalRequest
+    from demo.sandbox.models import Effect
+    from tenancy.services import revoke_role
+    from tests.conftest import make_user
+
+    put_order("A-1", total="500.00")
+    task = make_task(
+        acme,
+        task_type="support_agent",
+        objective="Customer asks for a refund of A-1",
+        input={"order_id": "A-1", "customer_email": "c@example.com", "amount": "150.00", "currency": "USD"},
+    )
+    for _ in range(10):
+        task = run(task)
+        if task.state != State.READY:
+            break
+    assert task.state == State.WAITING_APPROVAL
+    first = ApprovalRequest.objects.get(task=task)
+    assert first.step == "refund_order#call_2_refund_order:approve"
+    approve(task, approver)
+    revoke_role(approver, acme, "approver")  # before any worker resumed the task
+
+    task = run(Task.objects.get(pk=task.pk))
+    assert (task.state, task.state_reason) == (State.WAITING_APPROVAL, "approver_access_revoked")
+    again = ApprovalRequest.objects.filter(task=task).latest("created_at")
+    assert (again.step, again.status, again.digest) == (first.step, "pending", first.digest)
+    assert not Effect.objects.exists()
+
+    approve(task, make_user("acme-approver2", acme, "approver"))
+    for _ in range(20):
+        task = run(Task.objects.get(pk=task.pk))
+        if task.state not in (State.READY, State.RESUME_VALIDATION):
+            break
+    assert task.state == State.COMPLETED, task.state_reason
+    refunds = Effect.objects.filter(system="payments")
+    assert refunds.count() == 1 and refunds.get().request["amount"] == "150.00"
