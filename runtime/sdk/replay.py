@@ -55,7 +55,7 @@ from openai.types.responses import ResponseOutputItem
 from opentelemetry import trace
 from pydantic import TypeAdapter
 
-from runtime.sdk import tracing
+from runtime.sdk import toolsets, tracing
 from tasks import registry
 
 tracing.install()  # the SDK's spans go to our OpenTelemetry traces, never to OpenAI
@@ -231,10 +231,10 @@ def _model_for(run_step: registry.AgentRun) -> tuple[Model, str, AsyncOpenAI | N
             max_retries=0,
         )
         model = OpenAIChatCompletionsModel(settings.MODEL_NAME, client)
-        return model, f"openai-compatible:{settings.MODEL_NAME}", client
+        return model, toolsets.model_id(run_step), client
     own = getattr(run_step.agent, "model", None)
     if isinstance(own, Model):
-        return own, str(getattr(own, "model_id", "") or type(own).__name__), None
+        return own, toolsets.model_id(run_step), None
     raise AgentFailed(
         "agent_model_unset",
         f"agent {run_step.agent_name!r} names no Model object and MODEL_BACKEND is not 'openai'",

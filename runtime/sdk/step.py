@@ -35,7 +35,7 @@ from audit.redaction import redact
 from ledger.models import SETTLED_FAILED, SETTLED_OK, Action
 from runtime import alerts, db, evidence, llm, usage
 from runtime.models import AgentTurn, AlertKind
-from runtime.sdk import replay, snapshots
+from runtime.sdk import replay, snapshots, toolsets
 from tasks import registry, values
 from tasks.checkpoints import EvidenceRef, Progress, as_fact
 from tasks.decisions import Decision, quarantine, retry_later
@@ -226,10 +226,12 @@ def _turn(
         output_tokens=turn.usage.get("output_tokens"),
     )
     also = (usage.recorder(task, step.name, reply, committed=True, now=now),) if usage.reported(reply) else ()
+    # The tool set this turn was planned with: resume validation compares it with the code's.
+    planned = {**progress.facts, toolsets.fact_name(step): toolsets.toolset_id(step)}
     return Decision(
         State.READY,
         Trigger.STEP,
-        progress.model_copy(update={"step": step.name}),
+        progress.model_copy(update={"step": step.name, "facts": planned}),
         reason=reason,
         reason_code=code,
         records=(row,),
