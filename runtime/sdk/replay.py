@@ -495,12 +495,15 @@ class _RecordedModel(Model):
         if self.cancel is not None and self.cancel.is_set():
             raise TurnInterrupted("a cancel request came while the model was answering")
         items = [item.model_dump(mode="json", exclude_none=True) for item in answer.output]
-        usage = {
-            "requests": answer.usage.requests,
-            "input_tokens": answer.usage.input_tokens,
-            "output_tokens": answer.usage.output_tokens,
-            "total_tokens": answer.usage.total_tokens,
-        }
+        usage = {"requests": answer.usage.requests}
+        if answer.usage.input_tokens or answer.usage.output_tokens:
+            # Counted. A server that sends no ``usage`` leaves the SDK's zeros, which are not a
+            # count: kept out, the turn is unpriced rather than free (``runtime.usage``).
+            usage.update(
+                input_tokens=answer.usage.input_tokens,
+                output_tokens=answer.usage.output_tokens,
+                total_tokens=answer.usage.total_tokens,
+            )
         before = str(self.recorded.turns.get(turn - 1, {}).get("agent", ""))
         self.box.new_turn = NewTurn(
             turn, self.box.agent, self.model_id, items, usage,

@@ -53,9 +53,10 @@ class ChatServer:
     """A chat-completions endpoint on 127.0.0.1 whose answers follow the support agent's task.
 
     ``faults`` holds what the next requests suffer, one entry each: ``"500"``, ``"429"``,
-    ``"garbled"`` (200 with a body that is not JSON) or ``("slow", seconds)`` (the right answer,
-    late). ``requests`` keeps every request: its path, its ``Authorization`` header, its body, and
-    the usage answered (None for a failure)."""
+    ``"garbled"`` (200 with a body that is not JSON), ``("slow", seconds)`` (the right answer,
+    late) or ``"no-usage"`` (the right answer, with no token counts). ``requests`` keeps every
+    request: its path, its ``Authorization`` header, its body, and the usage answered (None for a
+    failure)."""
 
     def __init__(self) -> None:
         self.faults: collections.deque[Any] = collections.deque()
@@ -116,6 +117,7 @@ class ChatServer:
         }
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         seen["usage"] = usage
+        counted = {} if fault == "no-usage" else {"usage": usage}
         finish = "tool_calls" if message.get("tool_calls") else "stop"
         _send(
             handler,
@@ -126,7 +128,7 @@ class ChatServer:
                 "created": 1_700_000_000,
                 "model": body.get("model"),
                 "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                "usage": usage,
+                **counted,
             },
         )
 
@@ -318,6 +320,16 @@ def test_usage_and_cost_are_recorded_per_turn_as_the_server_counted_them(acme, c
         for u in counted
     ]
     assert all(r.committed for r in rows)
+
+
+def test_a_turn_the_server_did_not_count_is_unpriced_not_free(acme, chat):
+    chat.faults.append("no-usage")  # the first turn's answer has no usage
+    task = run_until_still(support_task(acme))
+
+    assert task.state == State.COMPLETED, task.state_reason
+    assert AgentTurn.objects.filter(task=task).count() == 4
+    rows = ModelUsage.objects.filter(task=task)
+    assert rows.count() == 3 and not rows.filter(cost=0).exists()
 
 
 # --- failures ----------------------------------------------------------------------------------------------
