@@ -26,11 +26,13 @@ from typing import Any
 import pytest
 from agents import ModelRetrySettings, ModelSettings
 from agents.retry import retry_policies
+from django.db import connections
 
 from audit.models import TransitionEvent
 from demo.sandbox.models import Effect
 from ledger.models import Action, DispatchState
-from runtime import sweep
+from runtime import controls, runner, sweep
+from runtime.heartbeats import Heartbeats
 from runtime.models import AgentTurn, ModelUsage
 from tasks import registry
 from tasks.models import Task
@@ -454,3 +456,49 @@ def test_an_answer_slower_than_the_clients_timeout_is_a_step_timeout_too(acme, c
 
     assert (task.state, task.state_reason, task.attempt) == (State.WAITING_RETRY, "step_timeout", 1)
     assert len(chat.requests) == 1
+
+
+def test_a_model_turn_cancel_cuts_the_request_in_flight_and_the_turn_is_asked_again_later(
+    acme, chat, operator
+):
+    chat.faults.append(("slow", 5))
+    task = support_task(acme)
+    beats = Heartbeats(timedelta(seconds=0.6))  # beats (and reads cancel requests) every 0.2 s
+    beats.start()
+    done: list[object] = []
+
+    def work() -> None:
+        try:
+            done.append(runner.run_task(task.id, worker_id="w", region="default", heartbeats=beats))
+        finally:
+            connections.close_all()
+
+    worker = threading.Thread(target=work)
+    started = time.monotonic()
+    try:
+        worker.start()
+        while not chat.requests:  # the first turn's request is at the server
+            assert worker.is_alive() and time.monotonic() - started < 5, done
+            time.sleep(0.05)
+        controls.task_control(
+            Task.objects.get(pk=task.pk),
+            "cancel",
+            user=operator,
+            roles=frozenset({"operator"}),
+            expected_version=task.state_version,
+            reason="the customer called back",
+            scope="model_turn",
+        )
+        worker.join(timeout=10)
+    finally:
+        beats.stop()
+
+    assert time.monotonic() - started < 4  # the 5 s answer was not waited for
+    task = Task.objects.get(pk=task.pk)
+    assert (task.state, task.attempt) == (State.WAITING_RETRY, 0)  # a cancel is not a failed attempt
+    event = TransitionEvent.objects.filter(task=task).latest("state_version")
+    assert event.reason_code == "cancel:model_turn"
+    assert not AgentTurn.objects.filter(task=task).exists()
+
+    task = after_backoff(task)
+    assert task.state == State.COMPLETED, task.state_reason
