@@ -6,9 +6,12 @@ Checked in order, the first failing check deciding the outcome:
 2. the step named by the checkpoint still exists — else quarantine;
 3. the owner still holds an operating role in the tenant — else quarantine;
    the approver of an approval still in force still holds the approver role —
-   else reapprove (a new request);
+   else reapprove (a new request); this covers the type's approval steps and
+   those an agent's calls made on demand (``<tool>#<call>:approve``);
 4. the runtime configuration (model, prompt, tool set) is still approved —
-   else replan with the current approved one, or quarantine if none;
+   else replan with the current approved one, or quarantine if none; for an
+   agent run (``AgentRun``), the model its next turn asks is not retired, and
+   its tool set is the one its turns were planned with (``_agent_changed``);
 5. the policy version — changed: the task type says replan or proceed;
 6. evidence record versions — a record that changed means refresh; one that
    vanished means quarantine; a system that does not answer means retry.
@@ -27,7 +30,9 @@ from datetime import datetime
 from opentelemetry import trace
 
 from approvals import services as approvals
+from approvals.models import ApprovalRequest
 from runtime import evidence
+from runtime.sdk import toolsets
 from tasks import metrics, registry
 from tasks.checkpoints import Checkpoint, Progress
 from tasks.decisions import Decision, quarantine, retry_later
@@ -106,6 +111,10 @@ def _verdict(task: Task, checkpoint: Checkpoint, kind: registry.TaskType, now: d
             },
         )
 
+    changed_agent = _agent_changed(task, kind, progress, now)
+    if changed_agent is not None:
+        return changed_agent
+
     policy = Policy.objects.filter(task_type=task.task_type).first()
     if policy is not None and policy.version != task.policy_version:
         note = f"policy {task.policy_version} -> {policy.version}"
@@ -173,29 +182,130 @@ def unknown_step(kind: registry.TaskType, name: str, progress: Progress) -> Deci
 
 def _approver_gone(task: Task, kind: registry.TaskType, progress: Progress, now: datetime) -> Decision | None:
     """An approval whose approver lost the role no longer authorizes anything: ask again."""
-    for step in kind.steps:
-        if not isinstance(step, registry.RequestApproval):
-            continue
-        request = approvals.latest_request(task, step.name)
-        if (
-            request is None
-            or request.status != "approved"
-            or any(call.step == step.action_step for call in progress.tool_calls)
-        ):
-            continue  # nothing approved, or the approved action already ran
+    for step, request in _in_force(task, kind, progress):
         approver = request.decision.decided_by
         if not has_role(approver, task.tenant_id, request.approver_role):
-            ask = approvals.request_decision(
-                task, kind, step, progress, now=now, why=f"approver {approver} no longer holds the role"
-            )
-            return Decision(
-                State.WAITING_APPROVAL,
-                Trigger.REAPPROVE,
-                ask.progress,
-                reason=ask.reason,
-                reason_code="approver_access_revoked",
-                changes=ask.changes,
-                records=ask.records,
-                also=ask.also,
-            )
+            why = f"approver {approver} no longer holds the role"
+            return _ask_again(task, kind, step, progress, now, why, "approver_access_revoked")
     return None
+
+
+def _in_force(
+    task: Task, kind: registry.TaskType, progress: Progress
+) -> list[tuple[registry.RequestApproval, ApprovalRequest]]:
+    """Each approval step whose newest request is approved and whose action has not run yet."""
+    found = []
+    for step in _approval_steps(task, kind):
+        request = approvals.latest_request(task, step.name)
+        if request is None or request.status != "approved":
+            continue
+        if any(call.step == step.action_step for call in progress.tool_calls):
+            continue  # the approved action already ran
+        found.append((step, request))
+    return found
+
+
+def _ask_again(
+    task: Task,
+    kind: registry.TaskType,
+    step: registry.RequestApproval,
+    progress: Progress,
+    now: datetime,
+    why: str,
+    code: str,
+) -> Decision:
+    ask = approvals.request_decision(task, kind, step, progress, now=now, why=why)
+    return Decision(
+        State.WAITING_APPROVAL,
+        Trigger.REAPPROVE,
+        ask.progress,
+        reason=ask.reason,
+        reason_code=code,
+        changes=ask.changes,
+        records=ask.records,
+        also=ask.also,
+    )
+
+
+def _agent_changed(task: Task, kind: registry.TaskType, progress: Progress, now: datetime) -> Decision | None:
+    """An agent run whose model was retired, or whose tool set is not the one its turns were planned
+    with (``toolsets``; the step records it on each turn as fact ``<run>:toolset``).
+
+    - The model new turns would ask (``MODEL_BACKEND``, ``MODEL_NAME`` or the agent's own) is named
+      by the type's ``RuntimeConfig`` rows and none of them approves it: quarantine
+      (``agent_model_retired``). Not a replan: the deployment, not the task, chooses an agent's
+      model, so a replan would ask the retired model again. Released once the deployment asks an
+      approved one.
+    - A tool the run already called is gone (the agent or its declaration no longer has it): its
+      recorded turns cannot be replayed. Quarantine (``agent_tool_removed``): an operator decides.
+    - Otherwise a changed tool set is a changed policy, and the type's ``on_policy_change`` says
+      what it means: ``replan`` goes back to ``replan_step`` under the new tool set (an agent run
+      then replays its records and asks its approvals again: an approval in force was given for
+      the old tools); ``proceed`` asks again only the approvals still in force, else carries on.
+      Either way the new tool set is recorded (``agent_toolset_changed``).
+    """
+    managed = RuntimeConfig.objects.filter(task_type=task.task_type)
+    for run in kind.agent_runs:
+        model = toolsets.model_id(run)
+        named = managed.filter(model_id=model)
+        if named.exists() and not named.filter(approved=True).exists():
+            return quarantine(
+                progress,
+                "agent_model_retired",
+                f"model {model} is no longer approved for {kind.name} and is the one this deployment"
+                " asks: configure an approved model, then release the task",
+            )
+        recorded = progress.facts.get(toolsets.fact_name(run))
+        current = toolsets.toolset_id(run)
+        if not isinstance(recorded, str) or recorded == current:
+            continue  # the run has not taken a turn yet, or plans with the same tools
+        usable = set(toolsets.agent_tools(run)) & {tool.tool for tool in run.tools}
+        gone = sorted(toolsets.called_tools(progress.facts) - usable)
+        if gone:
+            return quarantine(
+                progress,
+                "agent_tool_removed",
+                f"the agent already called {', '.join(gone)}, which {kind.name} no longer has: its"
+                " recorded turns cannot be replayed; an operator decides what the task does",
+            )
+        note = f"{run.agent_name or run.name}'s tool set changed: {recorded} -> {current}"
+        facts = {**progress.facts, toolsets.fact_name(run): current}
+        renewed = progress.model_copy(update={"facts": facts})
+        if kind.on_policy_change == "replan":
+            return Decision(
+                State.READY,
+                Trigger.REPLAN,
+                renewed.model_copy(update={"step": kind.replan_step or kind.first_step}),
+                reason=note,
+                reason_code="agent_toolset_changed",
+            )
+        for step, _ in _in_force(task, kind, progress):
+            return _ask_again(task, kind, step, renewed, now, note, "agent_toolset_changed")
+        return Decision(
+            State.READY,
+            Trigger.PROCEED,
+            renewed,
+            reason=f"{note} (no approval in force)",
+            reason_code="agent_toolset_changed",
+        )
+    return None
+
+
+def _approval_steps(task: Task, kind: registry.TaskType) -> list[registry.RequestApproval]:
+    """The approval steps whose approvals may still be in force for ``task``: the type's own, then
+    those made on demand (an agent's ``<tool>#<call>:approve``, ``AgentRun.call_steps``), found
+    through the requests the task was asked, in the order they were first asked. A request whose
+    step this code no longer resolves authorizes nothing here (``unknown_step`` holds such a task)."""
+    steps = [step for step in kind.steps if isinstance(step, registry.RequestApproval)]
+    named = {step.name for step in steps}
+    asked = (
+        ApprovalRequest.objects.filter(task=task)
+        .exclude(step__in=named)
+        .order_by("created_at", "id")
+        .values_list("step", flat=True)
+    )
+    for name in dict.fromkeys(asked):  # each step once, first asked first
+        found = kind.step(name)
+        if isinstance(found, registry.RequestApproval):
+            steps.append(found)
+    return steps

@@ -2,5 +2,6 @@
 
 The one module that imports the SDK (``agents``, the optional ``agents`` extra) is ``replay``;
 ``step`` is what the engine calls, ``snapshots`` keeps the SDK's paused run state as a checked
-artifact. The README's "Bring your own agent" says what becomes a step, an action, an approval.
+artifact, ``toolsets`` names a run's tool set and model without the SDK (for resume validation).
+The README's "Bring your own agent" says what becomes a step, an action, an approval.
 """

@@ -36,6 +36,8 @@ from agents import (
     MaxTurnsExceeded,
     Model,
     ModelResponse,
+    ModelRetrySettings,
+    ModelSettings,
     OpenAIChatCompletionsModel,
     OutputGuardrailTripwireTriggered,
     RunConfig,
@@ -48,12 +50,12 @@ from agents import (
 from agents.run_state import SUPPORTED_SCHEMA_VERSIONS
 from agents.version import __version__ as SDK_VERSION
 from django.conf import settings
-from openai import AsyncOpenAI
+from openai import APITimeoutError, AsyncOpenAI
 from openai.types.responses import ResponseOutputItem
 from opentelemetry import trace
 from pydantic import TypeAdapter
 
-from runtime.sdk import tracing
+from runtime.sdk import toolsets, tracing
 from tasks import registry
 
 tracing.install()  # the SDK's spans go to our OpenTelemetry traces, never to OpenAI
@@ -91,6 +93,12 @@ class TurnTimedOut(Exception):
 
 class TurnInterrupted(Exception):
     """A cancel request came while the model was answering: its answer is not used."""
+
+
+class ModelCallFailed(Exception):
+    """The model was asked for a new turn and gave no usable answer (an HTTP error, a rate limit, a
+    body that is not a completion, a refused connection): a transient failure, retried by the task.
+    The message is the client's own, unredacted: the step redacts it before it becomes a reason."""
 
 
 @dataclass(frozen=True)
@@ -201,27 +209,43 @@ def run(
     return asyncio.run(_run(run_step, first_message, recorded, context, timeout, cancel))
 
 
-def _model_for(run_step: registry.AgentRun) -> tuple[Model, str]:
-    """The model new turns ask, and its id: any OpenAI-compatible server when ``MODEL_BACKEND`` is
-    ``openai`` (``MODEL_URL``), else the agent's own ``Model`` (the demo's and the tests'
-    deterministic one). Made inside the run's event loop: the HTTP client belongs to it."""
+def _model_for(run_step: registry.AgentRun) -> tuple[Model, str, AsyncOpenAI | None]:
+    """The model new turns ask, its id, and the HTTP client to close after the run: any
+    OpenAI-compatible server when ``MODEL_BACKEND`` is ``openai`` (``MODEL_URL``), else the agent's
+    own ``Model`` (the demo's and the tests' deterministic one). Made inside the run's event loop:
+    the HTTP client belongs to it.
+
+    Nothing retries a failed request but the task: the client's own retries are off
+    (``max_retries=0``), and so are the runner's (``NO_RETRIES``). A retry inside the run would
+    be a second answer to the same turn, unrecorded, and a wait the task's backoff never sees;
+    ours is a transition (``model_unavailable``, ``step_timeout``) with the type's capped backoff.
+    An empty ``MODEL_URL`` is refused rather than left to the client, which would send the
+    conversation to OpenAI's public endpoint."""
     if settings.MODEL_BACKEND == "openai":
+        if not settings.MODEL_URL or not settings.MODEL_NAME:
+            raise AgentFailed(
+                "model_unconfigured", "MODEL_BACKEND is 'openai' but MODEL_URL or MODEL_NAME is not set"
+            )
         client = AsyncOpenAI(
             base_url=settings.MODEL_URL,
             api_key=settings.MODEL_API_KEY or "unused",
             timeout=settings.MODEL_TIMEOUT,
-            max_retries=0,  # a failed turn is retried by the task's backoff, as a transition
+            max_retries=0,
         )
-        return OpenAIChatCompletionsModel(
-            settings.MODEL_NAME, client
-        ), f"openai-compatible:{settings.MODEL_NAME}"
+        model = OpenAIChatCompletionsModel(settings.MODEL_NAME, client)
+        return model, toolsets.model_id(run_step), client
     own = getattr(run_step.agent, "model", None)
     if isinstance(own, Model):
-        return own, str(getattr(own, "model_id", "") or type(own).__name__)
+        return own, toolsets.model_id(run_step), None
     raise AgentFailed(
         "agent_model_unset",
         f"agent {run_step.agent_name!r} names no Model object and MODEL_BACKEND is not 'openai'",
     )
+
+
+# The runner's model settings for every run: no retry of a model call inside the run (see
+# ``_model_for``). Set on the run, so they win over whatever the agent's own settings say.
+NO_RETRIES = ModelSettings(retry=ModelRetrySettings(max_retries=0))
 
 
 async def _run(
@@ -235,13 +259,30 @@ async def _run(
     box = _Box(turn=recorded.start_turns)
     box.last_calls = _call_ids(list(recorded.turns.get(recorded.start_turns, {}).get("items", [])))
     agent = _wrapped(run_step, recorded, box)
-    model, model_id = _model_for(run_step)
+    model, model_id, client = _model_for(run_step)
     recording = _RecordedModel(model, model_id, recorded, box, timeout, cancel)
     config = RunConfig(
         model=recording,
+        model_settings=NO_RETRIES,
         workflow_name=f"{run_step.agent_name} ({run_step.name})",
         trace_include_sensitive_data=False,
     )
+    try:
+        return await _run_with(run_step, agent, first_message, recorded, box, context, config)
+    finally:
+        if client is not None:
+            await client.close()
+
+
+async def _run_with(
+    run_step: registry.AgentRun,
+    agent: Agent[Any],
+    first_message: str,
+    recorded: Recorded,
+    box: _Box,
+    context: dict[str, Any],
+    config: RunConfig,
+) -> Outcome:
     opening: list[Any] = [*recorded.memory, {"role": "user", "content": first_message}]
     start: str | list[Any] | RunState[Any] = opening if recorded.memory else first_message
     if recorded.start:
@@ -255,7 +296,7 @@ async def _run(
             run_config=config,
             hooks=_Hooks(box),
         )
-    except (TurnTimedOut, TurnInterrupted, RunStateUnusable):
+    except (TurnTimedOut, TurnInterrupted, RunStateUnusable, ModelCallFailed):
         raise
     except InputGuardrailTripwireTriggered as exc:
         raise AgentFailed("agent_guardrail_tripped", f"input guardrail {_guardrail(exc)} tripped") from None
@@ -458,12 +499,15 @@ class _RecordedModel(Model):
         if self.cancel is not None and self.cancel.is_set():
             raise TurnInterrupted("a cancel request came while the model was answering")
         items = [item.model_dump(mode="json", exclude_none=True) for item in answer.output]
-        usage = {
-            "requests": answer.usage.requests,
-            "input_tokens": answer.usage.input_tokens,
-            "output_tokens": answer.usage.output_tokens,
-            "total_tokens": answer.usage.total_tokens,
-        }
+        usage = {"requests": answer.usage.requests}
+        if answer.usage.input_tokens or answer.usage.output_tokens:
+            # Counted. A server that sends no ``usage`` leaves the SDK's zeros, which are not a
+            # count: kept out, the turn is unpriced rather than free (``runtime.usage``).
+            usage.update(
+                input_tokens=answer.usage.input_tokens,
+                output_tokens=answer.usage.output_tokens,
+                total_tokens=answer.usage.total_tokens,
+            )
         before = str(self.recorded.turns.get(turn - 1, {}).get("agent", ""))
         self.box.new_turn = NewTurn(
             turn, self.box.agent, self.model_id, items, usage,
@@ -481,13 +525,26 @@ class _RecordedModel(Model):
             left = _POLL if deadline is None else min(_POLL, deadline - loop.time())
             done, _ = await asyncio.wait([asked], timeout=max(left, 0))
             if done:
-                return asked.result()
+                return self._answer(asked)
             if self.cancel is not None and self.cancel.is_set():
                 asked.cancel()
                 raise TurnInterrupted("a cancel request interrupted the model turn")
             if deadline is not None and loop.time() >= deadline:
                 asked.cancel()
                 raise TurnTimedOut(f"model turn timed out after {self.timeout:g} s")
+
+    def _answer(self, asked: asyncio.Future[ModelResponse]) -> ModelResponse:
+        """The inner model's answer, or its failure as ours: the client's timeout is the step's
+        (``TurnTimedOut``), any other failure a ``ModelCallFailed``. Told apart here, where it is
+        known the model raised it, from the SDK's and our own errors after."""
+        try:
+            return asked.result()
+        except APITimeoutError:
+            raise TurnTimedOut(
+                f"model turn timed out after {settings.MODEL_TIMEOUT:g} s (MODEL_TIMEOUT)"
+            ) from None
+        except Exception as exc:
+            raise ModelCallFailed(f"{type(exc).__name__}: {exc}") from None
 
     def stream_response(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("durable agent runs do not stream")

@@ -26,7 +26,8 @@ import dataclasses
 import functools
 import hashlib
 import json
-from datetime import datetime
+import time
+from datetime import datetime, timedelta
 from typing import Any
 
 from approvals import services as approvals
@@ -36,7 +37,7 @@ from audit.redaction import redact
 from ledger.models import SETTLED_FAILED, SETTLED_OK, Action
 from runtime import alerts, db, evidence, llm, usage
 from runtime.models import AgentTurn, AlertKind
-from runtime.sdk import replay, session, snapshots
+from runtime.sdk import replay, session, snapshots, toolsets
 from tasks import registry, values
 from tasks.checkpoints import EvidenceRef, Progress, as_fact
 from tasks.decisions import Decision, quarantine, retry_later
@@ -86,6 +87,7 @@ def decide(
             )
     recorded = replay.Recorded(turns, outputs, rejected, start, start_turns, memory)
     timeout = step.timeout.total_seconds() if step.timeout is not None else None
+    started = time.monotonic()
     try:
         with db.released():  # no database session held while the model answers
             outcome = replay.run(
@@ -100,7 +102,13 @@ def decide(
         raise llm.TurnCanceled(str(exc)) from None
     except replay.TurnTimedOut as exc:
         return retry_later(
-            task, kind, progress, now, code="step_timeout", reason=str(exc), trigger=Trigger.STEP_TIMED_OUT
+            task,
+            kind,
+            progress,
+            _failed_at(now, started),
+            code="step_timeout",
+            reason=str(exc),
+            trigger=Trigger.STEP_TIMED_OUT,
         )
     except replay.AgentFailed as exc:
         if exc.code == "agent_guardrail_tripped" or exc.code == "agent_max_turns":
@@ -115,9 +123,11 @@ def decide(
         return quarantine(progress, exc.code, str(exc))  # the agent and its declaration disagree
     except replay.RunStateUnusable as exc:
         return _refused(task, progress, snapshots.TAMPERED, str(exc))
-    except Exception as exc:  # the model's own failure (HTTP, refusal, garbled reply): try later
-        failure = redact(values.printable(f"model call failed: {type(exc).__name__}: {exc}"))
-        return retry_later(task, kind, progress, now, code="model_unavailable", reason=failure)
+    except Exception as exc:  # the model's failure (HTTP, 429, garbled body) or the SDK's on its reply
+        said = str(exc) if isinstance(exc, replay.ModelCallFailed) else f"{type(exc).__name__}: {exc}"
+        return retry_later(
+            task, kind, progress, _failed_at(now, started), code="model_unavailable", reason=_said(said)
+        )
     match outcome:
         case replay.NewTurn():
             return _turn(task, step, progress, outcome, now)
@@ -154,6 +164,22 @@ def _conversation(task: Task, step: registry.AgentRun, facts: dict[str, Any]) ->
         return ""
     named = f"{task.tenant_id}:{task.task_type}:{step.session}:{value}"
     return "conversation-" + hashlib.sha256(named.encode()).hexdigest()[:40]
+
+
+def _failed_at(now: datetime, started: float) -> datetime:
+    """When the model call failed, on the step's clock: a backoff counts from the failure, not from
+    the step's start (a call that timed out after 30 s would otherwise owe no wait at all)."""
+    return now + timedelta(seconds=time.monotonic() - started)
+
+
+def _said(text: str) -> str:
+    """What a failed call said, as an audit reason may keep it: bounded, storable, and redacted (an
+    upstream's error body may quote the request's key or the customer's data back)."""
+    return redact(values.printable(f"model call failed: {text}", limit=MAX_FAILURE_CHARS))
+
+
+# A failure's message is kept to this many characters: an error page quoted whole says no more.
+MAX_FAILURE_CHARS = 500
 
 
 def _opened(row: AgentTurn) -> dict[str, Any]:
@@ -239,10 +265,12 @@ def _turn(
         output_tokens=turn.usage.get("output_tokens"),
     )
     also = (usage.recorder(task, step.name, reply, committed=True, now=now),) if usage.reported(reply) else ()
+    # The tool set this turn was planned with: resume validation compares it with the code's.
+    planned = {**progress.facts, toolsets.fact_name(step): toolsets.toolset_id(step)}
     return Decision(
         State.READY,
         Trigger.STEP,
-        progress.model_copy(update={"step": step.name}),
+        progress.model_copy(update={"step": step.name, "facts": planned}),
         reason=reason,
         reason_code=code,
         records=(row,),
