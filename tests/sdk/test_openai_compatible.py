@@ -480,12 +480,13 @@ def test_a_model_turn_cancel_cuts_the_request_in_flight_and_the_turn_is_asked_ag
         while not chat.requests:  # the first turn's request is at the server
             assert worker.is_alive() and time.monotonic() - started < 5, done
             time.sleep(0.05)
+        now_at = Task.objects.get(pk=task.pk)  # past the step that read the customer's memory
         controls.task_control(
-            Task.objects.get(pk=task.pk),
+            now_at,
             "cancel",
             user=operator,
             roles=frozenset({"operator"}),
-            expected_version=task.state_version,
+            expected_version=now_at.state_version,
             reason="the customer called back",
             scope="model_turn",
         )
