@@ -22,10 +22,12 @@ OpenTelemetry trace (``tracing``); its exporter to OpenAI is never installed.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import json
 import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,7 +208,17 @@ def run(
     state does not fit the agent), or the model's own error: the step decides what each means. The
     state text in ``recorded`` is one the step has checked already (``snapshots.opened``).
     """
-    return asyncio.run(_run(run_step, first_message, recorded, context, timeout, cancel))
+    def replayed() -> Outcome:
+        return asyncio.run(_run(run_step, first_message, recorded, context, timeout, cancel))
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # the worker's slot thread: no loop of its own
+        return replayed()
+    # A loop already runs in this thread (a caller's own: an async harness, a browser driver): ours
+    # runs beside it, in a thread of its own, with this one's context (its span, its cancel signal).
+    with ThreadPoolExecutor(1, thread_name_prefix="agent-run") as beside:
+        return beside.submit(contextvars.copy_context().run, replayed).result()
 
 
 def _model_for(run_step: registry.AgentRun) -> tuple[Model, str, AsyncOpenAI | None]:
