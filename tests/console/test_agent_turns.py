@@ -27,7 +27,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(autouse=True)
 def sandbox(live_server, settings):
     settings.SANDBOX_BASE_URL = f"{live_server.url}/sandbox"
-    settings.CONNECTOR_TIMEOUT = 2
+    settings.CONNECTOR_TIMEOUT = 10  # a loaded machine (a browser starting) is not what these test
     settings.LEDGER_LOOKUP_INTERVAL = 0
     put_order("A-1", total="500.00")
 

@@ -141,6 +141,15 @@ def test_every_case_exists_per_tenant_and_stays_standing_while_the_runtime_runs(
             >= 2
         )
     assert {"demo-stuck", "demo-unknown"} <= stuck
+    for slug in TENANTS:  # the support agent (an SDK agent): the small refund ran to its end, the
+        # one above the limit to its pause, its refund_order call waiting for an approver
+        done, asked = by_key(slug)["agent-refund"], by_key(slug)["agent-approval"]
+        assert done.state == State.COMPLETED, done.state_reason
+        assert "Refunded 20.00 USD for order A-118" in done.outcome["answer"]
+        assert [a.dispatch_state for a in Action.objects.filter(task=done)] == [DispatchState.SUCCEEDED] * 2
+        assert asked.state == State.WAITING_APPROVAL, asked.state_reason
+        assert ApprovalRequest.objects.get(task=asked).step == "refund_order#call_2_refund_order:approve"
+        assert not Action.objects.filter(task=asked).exists()
     for slug in TENANTS:  # the batch in the workers' region ran to its end, its children first
         batch = by_key(slug)["batch"]
         assert batch.state == State.COMPLETED and batch.outcome["lookups_completed"] == 3
