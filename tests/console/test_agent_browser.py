@@ -8,39 +8,18 @@ there is what lets the refund be sent, once.
 from __future__ import annotations
 
 import re
-import threading
 
 import pytest
-from django.db import connection
 from playwright.sync_api import Page, expect
 
 from approvals.models import ApprovalRequest
 from demo.sandbox.models import Effect
-from tasks.models import Task
 from tasks.states import State
 from tests.console.test_agent_turns import run_until_still, support_task
 from tests.console.test_browser import log_in
 from tests.workflow import put_order
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def worked(task: Task) -> Task:
-    """``run_until_still`` in a thread of its own, as a worker process would: Playwright's sync API keeps
-    an event loop running in the test's thread, and the SDK's runner (``asyncio.run``) refuses one."""
-    done: list[Task] = []
-
-    def work() -> None:
-        try:
-            done.append(run_until_still(Task.objects.get(pk=task.pk)))
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join(timeout=120)
-    assert done, "the worker thread did not finish"
-    return done[0]
 
 
 @pytest.fixture(autouse=True)
@@ -54,7 +33,7 @@ def sandbox(live_server, settings):
 def test_an_approver_sees_the_agent_tool_call_and_approves_it(
     page: Page, live_server, acme, operator, approver
 ):
-    task = worked(support_task(acme, "150.00"))
+    task = run_until_still(support_task(acme, "150.00"))  # in a thread: see off_the_loop
     assert task.state == State.WAITING_APPROVAL, task.state_reason
     request = ApprovalRequest.objects.get(task=task)
     assert request.step == "refund_order#call_2_refund_order:approve"
@@ -79,7 +58,7 @@ def test_an_approver_sees_the_agent_tool_call_and_approves_it(
     expect(page.get_by_role("status")).to_contain_text("Approved. The task moved on to")
     assert ApprovalRequest.objects.get(pk=request.pk).status == "approved"
 
-    task = worked(task)
+    task = run_until_still(task)
     assert task.state == State.COMPLETED, task.state_reason
     refunds = Effect.objects.filter(system="payments")
     assert refunds.count() == 1 and refunds.get().request["amount"] == "150.00"

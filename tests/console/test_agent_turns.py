@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import html
 import re
+import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
+from django.db import connection
 from django.test import Client
 
 from approvals.models import ApprovalRequest
@@ -22,6 +26,8 @@ from tests.runtime.payments import run
 from tests.workflow import approve, put_order
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+T = TypeVar("T")
 
 
 @pytest.fixture(autouse=True)
@@ -41,13 +47,36 @@ def support_task(tenant, amount: str) -> Task:
     )
 
 
+def off_the_loop(work: Callable[[], T]) -> T:
+    """``work()`` in a thread of its own, as a worker runs it. Once a browser test has run in this
+    process, Playwright's sync API keeps an event loop running in the main thread, and the SDK's
+    runner (``asyncio.run``) will not start under a running loop (the step would retry later)."""
+    done: list[T] = []
+
+    def target() -> None:
+        try:
+            done.append(work())
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout=300)
+    assert done, "the work in the thread did not finish"
+    return done[0]
+
+
 def run_until_still(task: Task, limit: int = 40) -> Task:
-    for _ in range(limit):
-        before = task.state_version
-        task = run(task)
-        if task.state != State.READY or task.state_version == before:
-            return task
-    raise AssertionError("the agent did not settle")
+    def rounds() -> Task:
+        current = Task.objects.get(pk=task.pk)
+        for _ in range(limit):
+            before = current.state_version
+            current = run(current)
+            if current.state != State.READY or current.state_version == before:
+                return current
+        raise AssertionError("the agent did not settle")
+
+    return off_the_loop(rounds)
 
 
 def turns_of(user, task: Task) -> list[str]:
