@@ -26,6 +26,7 @@ from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_safe
 
 from console import charts
+from reads.usage import usage_by_type
 from runtime import gauges
 from tasks.states import TERMINAL, State
 from tenancy.models import Role
@@ -126,6 +127,7 @@ def build(user: Any, tenant_ids: Sequence[int]) -> dict[str, Any]:
         else duration((now - oldest_unknown).total_seconds()),
         "alerts": None if snapshot.alerts is None else sum(n for _, _, n in snapshot.alerts),
         "alerts_link": _alerts_link(user),
+        "usage": usage_by_type(tenant_ids),
         "trend": charts.sparkline(trend.per_minute),
         "trend_hours": gauges.TREND_HOURS,
         "last_hour": sum(trend.per_minute[-60:]),

@@ -56,6 +56,7 @@ TIMELINE_PAGE = 50
 STORED_SHOWN = 20_000  # characters of an unreadable checkpoint shown as stored
 CHECKPOINT_LINKS = 30  # newest checkpoint versions linked from the viewer (any other: by number)
 ACTIONS_SHOWN = 100
+TURNS_SHOWN = 50  # an agent run's model turns (the support agent takes four; max_turns caps a run)
 CHILDREN_SHOWN = 100  # a parent page lists this many children (order_batch starts at most 20)
 # What the page lists of the task's detail (the API lists every child, cancel request and rerun). Its
 # approvals list shows every request, the pending ones among them, so none is read apart.
@@ -66,6 +67,7 @@ SECTIONS = Sections(
     pending_approvals=0,
     approvals=20,
     actions=ACTIONS_SHOWN,
+    agent_turns=TURNS_SHOWN,
 )
 DRAFT_KEY = "console:task-drafts"  # session: task id -> {"form": control|"answer"|"rerun", fields...}
 
@@ -662,6 +664,8 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         "actions": detail.actions,
         "actions_cap": ACTIONS_SHOWN,
         "approvals": detail.approvals,
+        "agent_turns": detail.agent_turns,
+        "turns_cap": TURNS_SHOWN,
         "takeovers": detail.takeovers,
         "trace_links": _trace_links(task, latest),
         **checkpoint_context,

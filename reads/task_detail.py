@@ -10,7 +10,8 @@ Budget (at most): the lease with the model usage totals (one query), its takeove
 pending approvals (only while the task waits for one), children, cancel requests, reruns, the parent
 and the task it reruns (one query for both, only when it has either), approvals, actions, the
 compensated action, the compensation offers (``tasks.compensation.offers``, up to four, only for a
-canceled task), and the user's roles (once per request). A list sized 0 is not read.
+canceled task), the user's roles (once per request), and for an agent's task its turns with what
+became of their calls (``reads.agent_turns``: at most four). A list sized 0 is not read.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from approvals.models import ApprovalRequest, ApprovalStatus
 from audit.models import LeaseTakeover
 from ledger.models import Action
 from protection import reveal
+from reads.agent_turns import AgentTurns, read_agent_turns
 from reads.visibility import allowed_moves
 from tasks import compensation
 from tasks.models import CancelRequest, Lease, Task
@@ -47,6 +49,7 @@ class Sections:
     pending_approvals: int | None
     approvals: int | None
     actions: int | None
+    agent_turns: int | None = 0  # an agent run's turns (``reads.agent_turns``); the API reads none yet
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class TaskDetail:
     rerun_of: TaskLink | None
     compensations: tuple[compensation.Offer, ...]  # a canceled task's effects left done it may undo
     compensates: Action | None  # for a compensation run: the action it undoes
+    agent_turns: AgentTurns  # an agent run's model turns, their calls and what became of them
     allowed_moves: list[dict[str, str]]  # the edges the reading user could take now
     input: Any  # sensitive fields masked
     outcome: Any  # sensitive facts masked
@@ -123,6 +127,7 @@ def read_task_detail(task: Task, *, user: Any, sections: Sections) -> TaskDetail
         rerun_of=links.get(task.rerun_of_id) if task.rerun_of_id else None,
         compensations=tuple(compensation.offers(task)),
         compensates=task.compensates,
+        agent_turns=read_agent_turns(task, sections.agent_turns),
         allowed_moves=allowed_moves(user, task),
         input=reveal.masked_input(task),
         outcome=reveal.masked_outcome(task),

@@ -9,7 +9,7 @@ docstrings say which are which.
 
 from __future__ import annotations
 
-from demo.cases import order_batch, order_lookup, pay_invoice, refund_request
+from demo.cases import order_batch, order_lookup, pay_invoice, refund_request, support_agent
 from demo.cases.seeding import Case
 
 CASES: tuple[Case, ...] = (
@@ -17,4 +17,5 @@ CASES: tuple[Case, ...] = (
     *order_lookup.CASES,
     *order_batch.CASES,
     *pay_invoice.CASES,
+    *support_agent.CASES,
 )

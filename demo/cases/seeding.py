@@ -48,6 +48,8 @@ ORDERS = {
     "A-115": {"status": "delivered", "total": "35.00", "card": "visa-4242"},
     "A-116": {"status": "delivered", "total": "38.00", "card": "visa-4242"},
     "A-117": {"status": "delivered", "total": "58.00", "card": "visa-2020"},
+    "A-118": {"status": "delivered", "total": "45.00", "card": "visa-4242"},  # the support agent's
+    "A-119": {"status": "delivered", "total": "260.00", "card": "visa-6006"},
 }
 
 

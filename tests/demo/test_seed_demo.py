@@ -30,6 +30,7 @@ from tasks import compensation
 from tasks.models import Task
 from tasks.selectors import stuck_condition
 from tasks.states import State
+from tests.console.test_agent_turns import off_the_loop
 from tests.second_factor import key_of, totp_code
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
@@ -121,11 +122,15 @@ def test_every_case_exists_per_tenant_and_stays_standing_while_the_runtime_runs(
     # asking at once), worker rounds. The two "ready" tasks may complete; nothing standing moves.
     demo.UNKNOWN_OUTCOME_ESCALATE_AFTER = 0
     demo.LEDGER_LOOKUP_INTERVAL = 0
-    for _ in range(3):
-        sweep(lambda task_id, region: None)
-        reconcile_unknown()
-        while run_available(worker_id="test-worker", region=demo.WORKER_REGION, limit=20):
-            pass
+
+    def rounds() -> None:
+        for _ in range(3):
+            sweep(lambda task_id, region: None)
+            reconcile_unknown()
+            while run_available(worker_id="test-worker", region=demo.WORKER_REGION, limit=20):
+                pass
+
+    off_the_loop(rounds)  # a worker's thread: the support agent's SDK runner needs one without a loop
 
     later = timezone.now() + timedelta(seconds=demo.STUCK_AFTER + 1)
     stuck = set(Task.objects.filter(stuck_condition(later)).values_list("idempotency_key", flat=True))
@@ -141,6 +146,15 @@ def test_every_case_exists_per_tenant_and_stays_standing_while_the_runtime_runs(
             >= 2
         )
     assert {"demo-stuck", "demo-unknown"} <= stuck
+    for slug in TENANTS:  # the support agent (an SDK agent): the small refund ran to its end, the
+        # one above the limit to its pause, its refund_order call waiting for an approver
+        done, asked = by_key(slug)["agent-refund"], by_key(slug)["agent-approval"]
+        assert done.state == State.COMPLETED, done.state_reason
+        assert "Refunded 20.00 USD for order A-118" in done.outcome["answer"]
+        assert [a.dispatch_state for a in Action.objects.filter(task=done)] == [DispatchState.SUCCEEDED] * 2
+        assert asked.state == State.WAITING_APPROVAL, asked.state_reason
+        assert ApprovalRequest.objects.get(task=asked).step == "refund_order#call_2_refund_order:approve"
+        assert not Action.objects.filter(task=asked).exists()
     for slug in TENANTS:  # the batch in the workers' region ran to its end, its children first
         batch = by_key(slug)["batch"]
         assert batch.state == State.COMPLETED and batch.outcome["lookups_completed"] == 3

@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from api.serializers import API_SECTIONS
-from audit import canonical
+from audit import canonical, sealing
 from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS
 from audit.keys import chain_link
 from audit.models import TransitionEvent
@@ -25,6 +25,7 @@ from audit.verify import verify_task
 from console.task_page import SECTIONS as CONSOLE_SECTIONS
 from ledger.models import Action
 from reads.task_detail import read_task_detail
+from runtime.models import AgentTurn, ModelUsage
 from tasks.models import Task
 from tasks.states import ActorKind, State, Trigger
 from tests.conftest import api_client_for, make_task
@@ -155,3 +156,81 @@ def test_the_task_page_of_a_big_task_costs_what_a_small_one_does(small, big, ope
     )
     # The big one adds its timeline's "next page" link probe at most; nothing grows with the rows.
     assert sizes["big"] <= sizes["small"] + 1 and sizes["big"] <= 25, sizes
+
+
+def _agent_task(tenant, turns: int) -> Task:
+    """A support_agent task whose run took ``turns`` turns, each asking to refund (an action each, the
+    first also asked an approval) with its usage row: rows as ``runtime.sdk.step`` writes them."""
+    task = make_task(
+        tenant,
+        task_type="support_agent",
+        input={"order_id": "A-1", "customer_email": "c@example.com", "amount": "5"},
+    )
+    now = timezone.now()
+    rows, usages, actions = [], [], []
+    for n in range(1, turns + 1):
+        call = f"call_{n}_refund_order"
+        items = [{"type": "function_call", "name": "refund_order", "call_id": call, "arguments": "{}"}]
+        at = sealing.task_place(task.id, "agent_turns", "agent", n)
+        rows.append(
+            AgentTurn(
+                task=task,
+                step="agent",
+                turn=n,
+                agent="support",
+                model_id="scripted-support-v1",
+                response=sealing.seal({"items": items, "usage": {}}, at),
+                state_version=2 * n,
+                recorded_at=now,
+            )
+        )
+        usages.append(
+            ModelUsage(
+                task=task,
+                step="agent",
+                state_version=2 * n,
+                attempt=0,
+                model_id="scripted-support-v1",
+                input_tokens=n,
+                output_tokens=1,
+                cost=None,
+                committed=True,
+                recorded_at=now,
+            )
+        )
+        actions.append(
+            Action(
+                task=task,
+                step=f"refund_order#{call}",
+                idempotency_key=f"{task.id}:refund:{call}",
+                connector="payments",
+                effect={"n": n},
+                effect_digest=canonical.digest_text(call),
+                created_at=now,
+                updated_at=now,
+            )
+        )
+    AgentTurn.objects.bulk_create(rows)
+    ModelUsage.objects.bulk_create(usages)
+    Action.objects.bulk_create(actions)
+    return Task.objects.select_related("tenant", "owner").get(pk=task.pk)
+
+
+def test_an_agent_tasks_turns_cost_four_queries_however_many_turns(acme, operator):
+    read = lambda task: read_task_detail(task, user=operator, sections=CONSOLE_SECTIONS)  # noqa: E731
+    plain = Task.objects.select_related("tenant", "owner").get(pk=make_task(acme).pk)
+    read(plain)  # the user's roles are read once per request, then kept
+    assert _queries(lambda: read(plain)) == 8  # a type without an agent reads no turns at all
+    unstarted = _agent_task(acme, 0)
+    assert _queries(lambda: read(unstarted)) == 9  # the turns, none yet: nothing else is asked
+    few, many = _agent_task(acme, 3), _agent_task(acme, 80)
+    assert _queries(lambda: read(few)) == _queries(lambda: read(many)) == 12
+
+    shown = read(many).agent_turns
+    assert len(shown.turns) == 50 and shown.more  # the page's cap
+    third = read(few).agent_turns.turns[2]
+    assert (third.turn, third.input_tokens, third.output_tokens, third.cost) == (3, 3, 1, None)
+    assert [(c.tool, c.call_id, c.fate) for c in third.calls] == [
+        ("refund_order", "call_3_refund_order", "intended: not sent yet")
+    ]
+    assert read_task_detail(few, user=operator, sections=API_SECTIONS).agent_turns.turns == ()
