@@ -104,8 +104,8 @@ bench-approvals: install
 bench-console: install
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/console.py
 
-bench-agents: install  # the Agents SDK adapter against the same tools as a native workflow (bench/agents.py)
-	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/agents.py
+bench-agents: install  # the Agents SDK adapter against the same tools as a native workflow (bench/sdk_agents.py)
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/sdk_agents.py
 
 bench-all: install  # every figure in one run (under 15 minutes): bench/all.py, JSON in bench/results/
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/all.py

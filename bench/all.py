@@ -12,7 +12,7 @@ What it runs, each as its own script in a subprocess (each creates and drops its
    at 1/4/8 claimer processes competing for one pool of tasks.
 5. Recovery: 2 victims and 2 survivors, every victim SIGKILLed mid-run, with liveness (30 s TTL)
    and without it (5 s TTL, the fallback).
-6. ``agents.py``: the support agent through the Agents SDK adapter against the same tools as a
+6. ``sdk_agents.py``: the support agent through the Agents SDK adapter against the same tools as a
    native workflow, at 0 and 300 ms model latency, and the bytes each leaves per task.
 
 Each figure is the median over ``--repeat`` runs. Results are printed as tables and written as JSON
@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["recovery"] = recoveries
 
     print("agents", flush=True)
-    agents = _run("agents.py", "--tasks", "6" if args.quick else "120",
+    agents = _run("sdk_agents.py", "--tasks", "6" if args.quick else "120",
                   "--latencies", "0" if args.quick else "0,300", "--repeat", str(args.repeat),
                   prefix=prefix)  # fmt: skip
     results["agents"] = {"summary": agents["summary"], "storage": agents["storage"], "table": agents["table"]}

@@ -168,7 +168,7 @@ class Workers:
     """``count`` ``manage.py run_worker`` processes; their ids are ``host:pid`` as the workers say.
 
     ``program`` is what runs ``run_worker``: ``manage.py``, or a bench script that registers a task
-    type of its own first (``bench/agents.py --worker``)."""
+    type of its own first (``bench/sdk_agents.py --worker``)."""
 
     def __init__(
         self,

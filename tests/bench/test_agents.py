@@ -12,7 +12,7 @@ import pytest
 
 from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
-from bench import agents as bench
+from bench import sdk_agents as bench
 from demo.sandbox.models import Effect
 from runtime.models import ModelUsage
 from tasks import registry

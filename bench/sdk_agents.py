@@ -33,13 +33,17 @@ What it measures
 
 How to run
     make bench-agents                  # DATABASE_URL names the server, as for every bench
-    .venv/bin/python bench/agents.py --tasks 200 --repeat 3 --latencies 0
-    .venv/bin/python bench/agents.py --profile 20      # where the adapter's time goes (cProfile)
+    .venv/bin/python bench/sdk_agents.py --tasks 200 --repeat 3 --latencies 0
+    .venv/bin/python bench/sdk_agents.py --profile 20      # where the adapter's time goes (cProfile)
 
     The script creates its own database (``--database``, default ``bench_agents``), migrates it,
     serves the sandbox from gunicorn and drops the database at the end. Workers run as
-    ``python bench/agents.py --worker run_worker ...`` so that they know the native type too.
+    ``python bench/sdk_agents.py --worker run_worker ...`` so that they know the native type too.
     Results are written as JSON to ``bench/results/`` unless ``--no-save``.
+
+    Not ``bench/agents.py``: every script here runs with ``bench/`` first on its path, where a file of
+    that name would stand in for the SDK's own package, ``agents``, and break every bench that loads
+    the support agent.
 """
 
 from __future__ import annotations
@@ -58,9 +62,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# `python bench/agents.py` puts bench/ first on the path, where this file would shadow the SDK's own
-# package, ``agents``: the project goes there instead.
-sys.path[:] = [str(ROOT), *(entry for entry in sys.path if Path(entry or ".").resolve() != ROOT / "bench")]
+sys.path.insert(0, str(ROOT))  # `python bench/sdk_agents.py` puts bench/ first, not the project
 
 from bench.common import (  # noqa: E402
     DEFAULT_SERVER_URL,
@@ -142,7 +144,7 @@ def register_native() -> None:
     register(
         TaskType(
             name=NATIVE,
-            description="The support agent's tools as a native workflow (bench/agents.py only).",
+            description="The support agent's tools as a native workflow (bench/sdk_agents.py only).",
             input_model=SupportAgentInput,
             prompt_id="bench-support@1",
             toolset_id="orders+payments+email@1",
@@ -343,7 +345,7 @@ def _workers(
         concurrency=concurrency, idle=args.idle, sweep=True, latency_ms=latency_ms, liveness=True
     )
     return Workers(count, url, server.sandbox, logs, options, DEFAULT_TTL,
-                   program=("bench/agents.py", "--worker"))  # fmt: skip
+                   program=("bench/sdk_agents.py", "--worker"))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------
