@@ -12,6 +12,8 @@ What it runs, each as its own script in a subprocess (each creates and drops its
    at 1/4/8 claimer processes competing for one pool of tasks.
 5. Recovery: 2 victims and 2 survivors, every victim SIGKILLed mid-run, with liveness (30 s TTL)
    and without it (5 s TTL, the fallback).
+6. ``sdk_agents.py``: the support agent through the Agents SDK adapter against the same tools as a
+   native workflow, at 0 and 300 ms model latency, and the bytes each leaves per task.
 
 Each figure is the median over ``--repeat`` runs. Results are printed as tables and written as JSON
 to ``bench/results/all-<time>.json``. The machine has 2 cores: cells at 4 processes x 64 measure
@@ -148,6 +150,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "--lease-ttl", ttl, liveness, prefix=prefix)  # fmt: skip
         recoveries.append(run["recovery"])
     results["recovery"] = recoveries
+
+    print("agents", flush=True)
+    agents = _run("sdk_agents.py", "--tasks", "6" if args.quick else "120",
+                  "--latencies", "0" if args.quick else "0,300", "--repeat", str(args.repeat),
+                  prefix=prefix)  # fmt: skip
+    results["agents"] = {"summary": agents["summary"], "storage": agents["storage"], "table": agents["table"]}
     results["seconds"] = time.monotonic() - started
 
     print(render(results))
@@ -180,6 +188,7 @@ def render(results: dict[str, Any]) -> str:
         lines.append(f"| {'on' if r['liveness'] else 'off'} | {r['lease_ttl_s']:g} | {r['leased_at_kill']} | "
                      f"{r['back_in_progress_s']:.2f} | {r['first_commit_s']:.2f} "
                      f"| {r['all_done_s']:.1f} |")  # fmt: skip
+    lines.append(f"\n## support agent: SDK adapter vs the same tools native\n\n{results['agents']['table']}")
     lines.append(f"\nwhole run {results['seconds'] / 60:.1f} min")
     return "\n".join(lines)
 

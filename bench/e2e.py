@@ -165,11 +165,24 @@ def _terminate(process: subprocess.Popen) -> None:
 
 
 class Workers:
-    """``count`` ``manage.py run_worker`` processes; their ids are ``host:pid`` as the workers say."""
+    """``count`` ``manage.py run_worker`` processes; their ids are ``host:pid`` as the workers say.
 
-    def __init__(self, count: int, url: str, sandbox: str, logs: Path, args: argparse.Namespace, ttl: float):
+    ``program`` is what runs ``run_worker``: ``manage.py``, or a bench script that registers a task
+    type of its own first (``bench/sdk_agents.py --worker``)."""
+
+    def __init__(
+        self,
+        count: int,
+        url: str,
+        sandbox: str,
+        logs: Path,
+        args: argparse.Namespace,
+        ttl: float,
+        *,
+        program: Sequence[str] = ("manage.py",),
+    ):
         command = [
-            sys.executable, "manage.py", "run_worker", "--concurrency", str(args.concurrency),
+            sys.executable, *program, "run_worker", "--concurrency", str(args.concurrency),
             "--idle", str(args.idle), "--lease-ttl", str(ttl), *(["--sweep"] if args.sweep else []),
         ]  # fmt: skip
         env = {
