@@ -208,6 +208,7 @@ def run(
     state does not fit the agent), or the model's own error: the step decides what each means. The
     state text in ``recorded`` is one the step has checked already (``snapshots.opened``).
     """
+
     def replayed() -> Outcome:
         return asyncio.run(_run(run_step, first_message, recorded, context, timeout, cancel))
 
