@@ -238,7 +238,7 @@ def _run_step(
             turn_cancel = cancels.get(CancelScope.MODEL_TURN)
             if turn_cancel is not None:
                 return _turn_canceled(task, kind, step, progress, now, turn_cancel)
-            return _agent_step(task, kind, step, progress, now)
+            return _agent_step(task, kind, step, progress, now, lease)
         case registry.RequestInput():
             if step.answer in facts:  # answered before this step was reached again (refresh, replan)
                 return _advance_to(progress, step.next, task)
@@ -306,7 +306,12 @@ def _run_step(
 
 
 def _agent_step(
-    task: Task, kind: registry.TaskType, step: registry.AgentRun, progress: Progress, now: datetime
+    task: Task,
+    kind: registry.TaskType,
+    step: registry.AgentRun,
+    progress: Progress,
+    now: datetime,
+    lease: Held | None,
 ) -> Decision:
     """An SDK agent's step (``runtime.sdk.step``), when this deployment has the SDK (the ``agents``
     extra); without it the task is held with the reason, not failed: a worker that has it resumes it."""
@@ -314,7 +319,11 @@ def _agent_step(
         from runtime.sdk import step as agent_step
     except ImportError as exc:
         return quarantine(progress, "agents_sdk_missing", f"this worker cannot run SDK agents: {exc}")
-    return agent_step.decide(task, kind, step, progress, now=now)
+
+    def perform(call: registry.Dispatch, moved: Progress) -> Decision | None:
+        return _dispatch(task, kind, call, moved, dict(moved.facts), lease, now)
+
+    return agent_step.decide(task, kind, step, progress, now=now, perform=perform)
 
 
 def _with_usage(decision: Decision, write: Callable[[], None]) -> Decision:

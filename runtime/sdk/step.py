@@ -6,10 +6,10 @@ What each kind of progress becomes (``replay`` finds it):
   moved the run to another agent) committing its ``AgentTurn`` row and its usage;
 - a call of an ``AgentEvidence`` tool: the record read now, its reference and facts kept, what the
   model is told kept as fact ``<tool>#<call>:output`` (``agent_evidence``);
-- a call of an ``AgentEffect`` tool: its arguments become facts and the task goes to the call's own
-  ``Dispatch`` step (``agent_tool_call``), which commits the intent, sends it once under the lease,
-  has it reconciled when in doubt and asks its approval when the policy says: the engine's
-  ordinary path, so everything that holds for a workflow's effect holds for the agent's;
+- a call of an ``AgentEffect`` tool: its arguments become facts and the call's own ``Dispatch`` step
+  decides at once (``agent_tool_call``: the intent, or the approval the policy asks for first); from
+  there it sends once under the lease and is reconciled when in doubt: the engine's ordinary path,
+  so everything that holds for a workflow's effect holds for the agent's;
 - an SDK pause for approval: the run state stored (``snapshots``) and our approval asked, in one
   commit: the task is ``waiting_approval`` only once both are written;
 - the final answer: fact ``output``, on to the step's ``next``.
@@ -27,6 +27,7 @@ import functools
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -49,8 +50,19 @@ REJECTED = "An approver rejected this call; it was not performed."
 READABLE_SCHEMAS = replay.READABLE_SCHEMAS
 
 
+# The engine's own decision for a call's ``Dispatch`` step from the given progress (its intent, its
+# approval, or None when nothing can be decided yet): how a call is performed, as a workflow's effect is.
+Perform = Callable[[registry.Dispatch, Progress], Decision | None]
+
+
 def decide(
-    task: Task, kind: registry.TaskType, step: registry.AgentRun, progress: Progress, *, now: datetime
+    task: Task,
+    kind: registry.TaskType,
+    step: registry.AgentRun,
+    progress: Progress,
+    *,
+    now: datetime,
+    perform: Perform,
 ) -> Decision:
     facts = dict(progress.facts)
     turns = {
@@ -77,14 +89,9 @@ def decide(
             return quarantine(progress, "agent_memory_unreadable", str(exc))
         if isinstance(known, int):
             memory = memory[:known]
-        else:
-            return Decision(
-                State.READY,
-                Trigger.STEP,
-                progress.model_copy(update={"facts": {**facts, f"{step.name}:memory": len(memory)}}),
-                reason=f"{step.agent_name} starts from {len(memory)} items of its conversation memory",
-                reason_code="agent_memory_read",
-            )
+        else:  # the run's first step: the count commits with whatever it decides
+            facts[f"{step.name}:memory"] = len(memory)
+            progress = progress.model_copy(update={"facts": facts})
     recorded = replay.Recorded(turns, outputs, rejected, start, start_turns, memory)
     timeout = step.timeout.total_seconds() if step.timeout is not None else None
     started = time.monotonic()
@@ -132,7 +139,7 @@ def decide(
         case replay.NewTurn():
             return _turn(task, step, progress, outcome, now)
         case replay.CallNeeded():
-            return _call(task, kind, step, progress, facts, outcome.call, now)
+            return _call(task, kind, step, progress, facts, outcome.call, now, perform)
         case replay.Paused():
             return _pause(task, kind, step, progress, facts, outcome, now)
         case replay.Finished():
@@ -297,6 +304,7 @@ def _call(
     facts: dict[str, Any],
     call: replay.Call,
     now: datetime,
+    perform: Perform,
 ) -> Decision:
     tool = step.tool(call.tool)
     base = f"{call.tool}{registry.CALL_MARK}{registry.call_key(call.call_id)}"
@@ -333,13 +341,15 @@ def _call(
         return quarantine(
             progress, "agent_tool_undeclared", f"tool {call.tool!r} is not declared to the ledger"
         )
-    return Decision(
-        State.READY,
-        Trigger.STEP,
-        progress.model_copy(update={"step": base, "facts": {**facts, **_arguments_as_facts(base, call)}}),
-        reason=f"calls {call.tool} ({call.call_id}) through {tool.connector}",
-        reason_code="agent_tool_call",
-    )
+    moved = progress.model_copy(update={"step": base, "facts": {**facts, **_arguments_as_facts(base, call)}})
+    calls = f"calls {call.tool} ({call.call_id}) through {tool.connector}"
+    # The call's own step decides at once, on the engine's path (its intent, or its approval first):
+    # one transition where moving there and deciding would take two.
+    decided = perform(kind.step_as(base, registry.Dispatch), moved)
+    if decided is None:
+        return Decision(State.READY, Trigger.STEP, moved, reason=calls, reason_code="agent_tool_call")
+    said = f"{calls}: {decided.reason}" if decided.reason else calls
+    return dataclasses.replace(decided, reason=said, reason_code=decided.reason_code or "agent_tool_call")
 
 
 def _told(
