@@ -266,11 +266,14 @@ def _make_tasks(slug: str, kind: str, count: int, amount: str = SMALL) -> Any:
     )  # fmt: skip
     actor = Actor.system("bench")
     for order in orders:
+        # A customer per order: each run starts with an empty conversation memory, as the native twin
+        # (which has none) does; a returning customer's run replays its memory's items too.
+        email = f"{order.lower()}@example.com"
         task_create(
             tenant=tenant,
             task_type=kind,
             objective=f"Customer asks for a refund of {order}",
-            input={"order_id": order, "customer_email": "c@example.com", "amount": amount, "currency": "USD"},
+            input={"order_id": order, "customer_email": email, "amount": amount, "currency": "USD"},
             actor=actor,
         )
     return tenant

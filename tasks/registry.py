@@ -248,6 +248,7 @@ class AgentRun(Step):
     # customer's address, say; stored as a digest of it). The run starts from what the conversation
     # held when it began and adds what it said once it answers. "": no memory.
     session: str = ""
+    memory_items: int = 40  # at most this many of the conversation's latest items, from a user's message on
 
     def __post_init__(self) -> None:
         # Read by shape (the kernel does not import the SDK): every function tool of the agent and of

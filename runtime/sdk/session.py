@@ -94,8 +94,21 @@ class SessionItemUnreadable(Exception):
 # --- the sync functions ------------------------------------------------------------------------------
 
 
-def read(tenant_id: int, session_id: str, limit: int | None = None) -> list[dict[str, Any]]:
-    """The session's items, opened, oldest first; with ``limit``, only the latest ``limit`` of them.
+def end(tenant_id: int, session_id: str) -> int:
+    """The position the session's next item takes (0 for an empty session): with ``read(before=)``, a
+    mark that reads the same items however the session grows later."""
+    _check_session_id(session_id)
+    last = AgentSessionItem.objects.filter(tenant_id=tenant_id, session_id=session_id).aggregate(
+        last=models.Max("position")
+    )["last"]
+    return 0 if last is None else last + 1
+
+
+def read(
+    tenant_id: int, session_id: str, limit: int | None = None, *, before: int | None = None
+) -> list[dict[str, Any]]:
+    """The session's items, opened, oldest first; with ``limit``, only the latest ``limit`` of them;
+    with ``before``, only those at earlier positions (``end`` gave the mark).
 
     Items retention erased are not counted. An empty list for a session nothing was written to (or a
     session of another tenant). Raises ``SessionError`` for a bad ``session_id`` or a negative
@@ -106,7 +119,10 @@ def read(tenant_id: int, session_id: str, limit: int | None = None) -> list[dict
         raise SessionError(f"limit must be None or a whole number of at least 0, not {limit!r}")
     if limit == 0:
         return []
-    rows = _readable(tenant_id, session_id).order_by("-position").values_list("id", "position", "item")
+    readable = _readable(tenant_id, session_id)
+    if before is not None:
+        readable = readable.filter(position__lt=before)
+    rows = readable.order_by("-position").values_list("id", "position", "item")
     latest = list(rows if limit is None else rows[:limit])
     return [_opened(tenant_id, session_id, *row) for row in reversed(latest)]
 

@@ -80,18 +80,19 @@ def decide(
     conversation = _conversation(task, step, facts)
     memory: list[dict[str, Any]] = []
     if conversation:
-        # What the conversation held when the run began (counted in a fact at its first step), so every
-        # replay starts from the same items however the conversation grew since.
-        known = facts.get(f"{step.name}:memory")
+        # What the conversation held when the run began (its end then, a fact of the run's first
+        # decision), so every replay starts from the same items however the conversation grew since.
+        mark = facts.get(f"{step.name}:memory")
         try:
-            memory = session.read(task.tenant_id, conversation)
+            if not isinstance(mark, int):
+                mark = session.end(task.tenant_id, conversation)
+                facts[f"{step.name}:memory"] = mark
+                progress = progress.model_copy(update={"facts": facts})
+            memory = _from_a_request(
+                session.read(task.tenant_id, conversation, step.memory_items, before=mark)
+            )
         except session.SessionItemUnreadable as exc:
             return quarantine(progress, "agent_memory_unreadable", str(exc))
-        if isinstance(known, int):
-            memory = memory[:known]
-        else:  # the run's first step: the count commits with whatever it decides
-            facts[f"{step.name}:memory"] = len(memory)
-            progress = progress.model_copy(update={"facts": facts})
     recorded = replay.Recorded(turns, outputs, rejected, start, start_turns, memory)
     timeout = step.timeout.total_seconds() if step.timeout is not None else None
     started = time.monotonic()
@@ -161,6 +162,13 @@ def decide(
                 also=remember,
             )
     raise AssertionError(f"unhandled replay outcome {outcome!r}")
+
+
+def _from_a_request(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``items`` from its first user message on: a window cut in the middle of a run would start with
+    a tool's output whose call it no longer holds, which a model refuses."""
+    first = next((n for n, item in enumerate(items) if item.get("role") == "user"), len(items))
+    return items[first:]
 
 
 def _conversation(task: Task, step: registry.AgentRun, facts: dict[str, Any]) -> str:

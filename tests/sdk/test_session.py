@@ -478,3 +478,15 @@ def test_archiving_a_task_erases_its_session_items_and_deleting_it_removes_them(
     assert memory.pop(acme.pk, "chat") == user("live words")
     assert memory.pop(acme.pk, "chat") is None, "the erased item is dropped, never returned"
     assert not AgentSessionItem.objects.exists()
+
+
+def test_a_mark_from_end_reads_the_same_items_however_the_session_grows(acme):
+    assert memory.end(acme.id, "chat-mark") == 0
+    memory.append(acme.id, "chat-mark", [user("one"), user("two"), user("three")])
+    mark = memory.end(acme.id, "chat-mark")
+    memory.append(acme.id, "chat-mark", [user("four")])
+
+    assert mark == 3
+    assert [i["content"] for i in memory.read(acme.id, "chat-mark", before=mark)] == ["one", "two", "three"]
+    assert [i["content"] for i in memory.read(acme.id, "chat-mark", 2, before=mark)] == ["two", "three"]
+    assert memory.end(acme.id, "chat-mark") == 4
