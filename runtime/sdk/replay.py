@@ -22,7 +22,9 @@ No database here: the step reads the records before and commits after. The SDK's
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
+import functools
 import json
 import threading
 from collections.abc import Mapping
@@ -195,7 +197,15 @@ def run(
     step decides what each means), and ``RunStateRefused`` from ``snapshots`` callers' checks is
     theirs: the state text here is the one they checked.
     """
-    return asyncio.run(_run(run_step, first_message, recorded, context, timeout, cancel))
+    replayed = functools.partial(_run, run_step, first_message, recorded, context, timeout, cancel)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # the worker's ordinary case: no loop in this thread, the run gets one
+        return asyncio.run(replayed())
+    # An event loop already runs in this thread (called from async code, or a test thread a browser
+    # driver's loop runs in): asyncio.run would refuse, so the run gets a thread and a loop of its own.
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agent-run") as pool:
+        return pool.submit(lambda: asyncio.run(replayed())).result()
 
 
 def _model_for(run_step: registry.AgentRun) -> tuple[Model, str]:

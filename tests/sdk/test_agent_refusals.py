@@ -9,6 +9,7 @@ shown for a task are exactly what its model turns reported.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import threading
@@ -211,6 +212,21 @@ def test_a_tool_removed_after_its_call_was_approved_holds_the_task_and_sends_not
     assert "refund_order" in last.reason and "nothing of it was sent" in last.reason
     assert not Effect.objects.exists() and not Action.objects.filter(task=task).exists()
     passes_change_nothing(task)
+
+
+def test_a_tool_removed_after_its_call_was_rejected_lets_the_run_end_as_rejected(acme, approver, monkeypatch):
+    """Nothing of the rejected call is left to perform: the run, replayed without the tool, is told of
+    the rejection and ends as the type says, nothing sent, and no alert (nobody altered anything)."""
+    task = paused(acme)
+    decide(task, approver, "reject")
+    monkeypatch.setitem(registry._REGISTRY, "support_agent", without_refunds())
+
+    task = run_until_still(Task.objects.get(pk=task.pk))
+
+    assert task.state == State.COMPLETED, (task.state_reason, last_reason(task))
+    assert "not paid: an approver rejected it" in task.outcome["answer"]
+    assert not Alert.objects.filter(task=task).exists()
+    assert not Effect.objects.exists() and not Action.objects.filter(task=task).exists()
 
 
 def test_deciding_a_request_whose_tool_was_removed_is_a_clear_refusal_not_a_server_error(
@@ -438,6 +454,22 @@ def test_a_model_turn_cancel_interrupts_the_slow_turn_in_flight_without_counting
     settings.MODEL_LATENCY_MS = 0
     task = run_until_still(end_the_wait(task))
     assert task.state == State.COMPLETED, task.state_reason
+
+
+# --- where it runs -----------------------------------------------------------------------------------
+
+
+def test_the_agent_runs_from_a_thread_whose_event_loop_is_already_running(acme):
+    """Called from async code (or from a test thread a browser driver's event loop runs in), the
+    SDK's run cannot use this thread's loop: it gets one of its own, and the run is the same."""
+
+    async def from_async_code() -> Task:
+        return run_until_still(support_task(acme, amount="30.00"))
+
+    task = asyncio.run(from_async_code())
+
+    assert task.state == State.COMPLETED, (task.state_reason, last_reason(task))
+    assert AgentTurn.objects.filter(task=task).count() == 4
 
 
 # --- tokens and cost ----------------------------------------------------------------------------------
