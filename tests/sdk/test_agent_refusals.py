@@ -3,8 +3,9 @@
 What issue 23 asks of the adapter besides surviving crashes (``tests/chaos/test_agent_crashes.py``):
 a stored run state that is altered, written by a newer SDK, or names a tool the agent lost is refused
 with its reason and stays refused, nothing sent; an approver's decision counts once however often it
-is sent; a slow model turn is retried with backoff or stopped by a cancel; and the tokens and cost
-shown for a task are exactly what its model turns reported.
+is sent; a slow model turn is retried with backoff or stopped by a cancel; the run works from a
+thread whose event loop already runs; and the tokens and cost shown for a task are exactly what its
+model turns reported.
 """
 
 from __future__ import annotations
@@ -463,10 +464,21 @@ def test_the_agent_runs_from_a_thread_whose_event_loop_is_already_running(acme):
     """Called from async code (or from a test thread a browser driver's event loop runs in), the
     SDK's run cannot use this thread's loop: it gets one of its own, and the run is the same."""
 
-    async def from_async_code() -> Task:
-        return run_until_still(support_task(acme, amount="30.00"))
+    done: list[Task] = []
 
-    task = asyncio.run(from_async_code())
+    async def from_async_code() -> None:
+        done.append(run_until_still(support_task(acme, amount="30.00")))
+
+    def thread() -> None:  # a thread of its own, so the loop is this test's whatever ran before it
+        try:
+            asyncio.run(from_async_code())
+        finally:
+            connections.close_all()
+
+    caller = threading.Thread(target=thread)
+    caller.start()
+    caller.join(timeout=60)
+    [task] = done
 
     assert task.state == State.COMPLETED, (task.state_reason, last_reason(task))
     assert AgentTurn.objects.filter(task=task).count() == 4
