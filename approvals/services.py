@@ -307,9 +307,10 @@ def approval_decide(
     one who caused it (``approvals.authority``: ``self_approval`` for its requester,
     ``decided_before``, ``caused_this_request``); 400 for a decision not allowed; 410
     once expired; 409 when already decided otherwise, when the digest differs
-    (the request changed since it was shown), or when the task no longer waits
-    for this request. The same decision repeated is acknowledged with
-    ``applied=False``.
+    (the request changed since it was shown), when the task no longer waits
+    for this request, or when its type no longer has the request's step
+    (``step_removed``: a tool removed from an agent since it asked). The same
+    decision repeated is acknowledged with ``applied=False``.
 
     One span, ``approval.decide``: the request, the decision and what came of it
     (``applied``, ``acknowledged`` or the refusal's code); never the comment.
@@ -371,7 +372,16 @@ def _decide(request: ApprovalRequest, *, user: Any, decision: str, digest_seen: 
             status=409,
             request=request,
         )
-    step = registry.get(task.task_type).step_as(request.step, registry.RequestApproval)
+    try:
+        step = registry.get(task.task_type).step_as(request.step, registry.RequestApproval)
+    except LookupError:  # a deployment since the request dropped its step (an agent's removed tool)
+        raise ApprovalRefused(
+            f"The task's type no longer has the step this request is for ({request.step}): nothing was"
+            " decided, and nothing of it will be sent; an operator decides what the task does.",
+            code="step_removed",
+            status=409,
+            request=request,
+        ) from None
     status = ApprovalStatus.APPROVED if decision == Decision.APPROVE else ApprovalStatus.REJECTED
     point = task_services.latest_checkpoint(task)
     approvals = [

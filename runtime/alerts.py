@@ -38,6 +38,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import (
+    Case,
     Count,
     DateTimeField,
     Exists,
@@ -48,6 +49,7 @@ from django.db.models import (
     QuerySet,
     TextField,
     Value,
+    When,
 )
 from django.db.models.functions import Concat
 from django.http import Http404
@@ -166,16 +168,29 @@ def cancel_unconfirmed(now: datetime) -> Rule:
     )
 
 
+# runtime.sdk.snapshots.TAMPERED, spelt out: the adapter imports this module, not the other way round.
+SNAPSHOT_TAMPERED = "agent_snapshot_tampered"
+
+
 def effect_digest_mismatch(now: datetime) -> Rule:
     """``quarantined`` because an effect about to be sent, or an approval's copy of it, was not what
-    was committed (``ledger.integrity``): nothing was sent, and someone with database access changed
-    a row. Raised by the worker in the very commit that holds the task (``raise_for``); the scan
-    raises any it missed and clears it once the task moves on."""
+    was committed (``ledger.integrity``), or because an SDK agent's stored run state fails its MAC
+    (``runtime.sdk.snapshots``): nothing was sent, and someone with database access changed a row.
+    Raised by the worker in the very commit that holds the task (``raise_for``); the scan raises any
+    it missed and clears it once the task moves on."""
+    after = "nothing was sent; read the task's history and who had database access before anything else"
     return Rule(
-        Q(state=State.QUARANTINED, state_reason=integrity.EFFECT_DIGEST_MISMATCH),
-        _words(
-            "an effect was about to be sent that is not the one intended (changed in the database): "
-            "nothing was sent; read the task's history and who had database access before anything else"
+        Q(state=State.QUARANTINED, state_reason__in=(integrity.EFFECT_DIGEST_MISMATCH, SNAPSHOT_TAMPERED)),
+        Case(
+            When(
+                state_reason=SNAPSHOT_TAMPERED,
+                then=_words(f"an agent's stored run state was changed in the database: {after}"),
+            ),
+            default=_words(
+                "an effect was about to be sent that is not the one intended (changed in the database): "
+                + after
+            ),
+            output_field=TextField(),
         ),
     )
 

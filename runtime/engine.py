@@ -326,6 +326,21 @@ def _agent_step(
     return agent_step.decide(task, kind, step, progress, now=now, perform=perform)
 
 
+def _run_cannot_go_on(
+    task: Task, kind: registry.TaskType, step: registry.Dispatch, progress: Progress
+) -> Decision | None:
+    """Hold an SDK agent's call before its intent when the run it belongs to could not resume after
+    it (``runtime.sdk.step.refused_run``: its stored run state altered, or of a newer SDK schema):
+    an approved refund must not be paid for a run that is then refused. None for any other step."""
+    if not step.binds:
+        return None
+    try:
+        from runtime.sdk import step as agent_step
+    except ImportError as exc:
+        return quarantine(progress, "agents_sdk_missing", f"this worker cannot run SDK agents: {exc}")
+    return agent_step.refused_run(task, kind, step.name, progress)
+
+
 def _with_usage(decision: Decision, write: Callable[[], None]) -> Decision:
     """``decision`` recording a turn's usage in its transaction (``runtime.usage``)."""
     return dataclasses.replace(decision, also=(*decision.also, write))
@@ -359,6 +374,9 @@ def _dispatch(
     action = Action.objects.filter(task=task, step=step.name).order_by("-id").first()
     review = None
     if action is None:  # the money policy and a rerun's earlier effects are weighed before the intent only
+        held = _run_cannot_go_on(task, kind, step, progress)
+        if held is not None:
+            return held
         reused = _reuse_earlier(task, step, progress, facts, effect)
         if reused is not None:
             return reused

@@ -426,6 +426,21 @@ def _pause(
     return dataclasses.replace(asked, records=(*records, *asked.records))
 
 
+def refused_run(task: Task, kind: registry.TaskType, call_step: str, progress: Progress) -> Decision | None:
+    """The refusal the run owning ``call_step`` (one of its tool calls) would meet on resuming from its
+    stored run state, met before the call's intent instead: nothing is sent for a run that cannot go
+    on after it. None when the run has no stored state, or one this worker resumes from."""
+    owner = next((run for run in kind.agent_runs if run.call_steps(call_step) is not None), None)
+    stored = snapshots.latest(task, owner.name) if owner is not None else None
+    if stored is None:
+        return None
+    try:
+        snapshots.opened(stored, readable=READABLE_SCHEMAS)
+    except snapshots.SnapshotRefused as exc:
+        return _refused(task, progress, exc.code, str(exc))
+    return None
+
+
 def _refused(task: Task, progress: Progress, code: str, why: str) -> Decision:
     """A stored run state we will not resume from: the task is held with the reason; an altered one
     raises an alert with the quarantine."""
