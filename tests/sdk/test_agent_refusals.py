@@ -215,17 +215,22 @@ def test_a_tool_removed_after_its_call_was_approved_holds_the_task_and_sends_not
     passes_change_nothing(task)
 
 
-def test_a_tool_removed_after_its_call_was_rejected_lets_the_run_end_as_rejected(acme, approver, monkeypatch):
-    """Nothing of the rejected call is left to perform: the run, replayed without the tool, is told of
-    the rejection and ends as the type says, nothing sent, and no alert (nobody altered anything)."""
+def test_a_tool_removed_after_its_call_was_rejected_holds_the_run_nothing_sent_no_alert(
+    acme, approver, monkeypatch
+):
+    """The run's recorded turns call a tool the type no longer has: they cannot be replayed, so the
+    task is held with that reason (resume validation), nothing sent, and no alert (nobody altered
+    anything); more passes change nothing."""
     task = paused(acme)
     decide(task, approver, "reject")
     monkeypatch.setitem(registry._REGISTRY, "support_agent", without_refunds())
 
     task = run_until_still(Task.objects.get(pk=task.pk))
+    held_at = task.state_version
+    task = run_until_still(task)
 
-    assert task.state == State.COMPLETED, (task.state_reason, last_reason(task))
-    assert "not paid: an approver rejected it" in task.outcome["answer"]
+    assert (task.state, task.state_reason) == (State.QUARANTINED, "agent_tool_removed"), last_reason(task)
+    assert task.state_version == held_at
     assert not Alert.objects.filter(task=task).exists()
     assert not Effect.objects.exists() and not Action.objects.filter(task=task).exists()
 
