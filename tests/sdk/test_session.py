@@ -110,7 +110,9 @@ def texts(items: list[dict[str, Any]]) -> list[str]:
 
 @pytest.fixture(autouse=True)
 def no_tracing():
-    agents.set_tracing_disabled(True)
+    agents.set_tracing_disabled(True)  # these runs drive the SDK themselves: nothing of theirs traced
+    yield
+    agents.set_tracing_disabled(False)  # the process's agent steps trace again (runtime.sdk.tracing)
 
 
 def test_a_second_run_on_the_session_is_given_the_first_runs_messages(acme):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from agents import set_tracing_disabled
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -27,6 +28,8 @@ def spans(monkeypatch):
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     monkeypatch.setattr(tracing, "tracer", provider.get_tracer("runtime.sdk"))
+    set_tracing_disabled(False)  # whatever ran before in this process, the SDK traces into the bridge
+    tracing.install()
     return exporter
 
 
