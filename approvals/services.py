@@ -158,7 +158,7 @@ def money_review(task: Task, action: registry.Dispatch, facts: dict[str, Any]) -
     shows the same findings on the request."""
     if action.money is None:
         return None
-    return money.review(action.money, facts, money.spender(task), now=timezone.now())
+    return money.review(action.money, facts, money.spender(task, action.name), now=timezone.now())
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ def earlier_effects(request: ApprovalRequest, facts: dict[str, Any] | None) -> l
     reference = action.money.reference_of(facts) if action.money is not None and facts is not None else ""
     if not reference:
         return []
-    found = money.earlier_movements(request.tenant_id, request.task_id, reference)
+    found = money.earlier_movements(request.tenant_id, request.task_id, reference, request.action_step)
     return [
         EarlierEffect(m.action.task_id, money.describe(m))
         for m in found

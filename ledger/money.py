@@ -56,15 +56,21 @@ class Spender:
     requester: str  # "user:<name>", or "" for a task without an owner
     token_id: int | None
     token_label: str = ""
+    # The step making the effect: "this one" is the task's effect of this step. An agent's run makes
+    # one effect per tool call, each a step of its own, so its earlier calls count like other tasks'.
+    # "": the task's every effect is "this one" (a workflow's task makes one).
+    step: str = ""
 
 
-def spender(task: Any) -> Spender:
-    """The ``Spender`` of a ``tasks.Task`` (taken by its fields: the ledger sits below the kernel)."""
+def spender(task: Any, step: str = "") -> Spender:
+    """The ``Spender`` of a ``tasks.Task`` (taken by its fields: the ledger sits below the kernel)
+    for the effect of its step ``step``."""
     token = task.api_token if task.api_token_id else None
     return Spender(
         tenant_id=task.tenant_id,
         task_type=task.task_type,
         task_id=task.id,
+        step=step,
         requester=f"user:{task.owner.get_username()}" if task.owner_id else "",
         token_id=task.api_token_id,
         token_label=f"token {token.prefix}…{f' ({token.name})' if token.name else ''}" if token else "",
@@ -100,20 +106,24 @@ def running_total(
     who: Spender, currency: str, since: datetime, *, by: Literal["requester", "token"]
 ) -> Decimal:
     """The sum of ``who``'s counted movements of its type in ``currency`` since ``since``, by its
-    requester or by its token; its own task's movements are not counted (they are "this one").
-    One range read on ``money_by_requester`` / ``money_by_token``."""
+    requester or by its token; its own effect's movements are not counted (they are "this one",
+    see ``Spender.step``). One range read on ``money_by_requester`` / ``money_by_token``."""
     rows = counted(who.tenant_id).filter(task_type=who.task_type, currency=currency, created_at__gte=since)
     rows = (
         rows.filter(requester=who.requester) if by == "requester" else rows.filter(api_token_id=who.token_id)
     )
-    total = rows.exclude(action__task_id=who.task_id).aggregate(total=Sum("amount"))["total"]
+    total = rows.exclude(**_this_one(who.task_id, who.step)).aggregate(total=Sum("amount"))["total"]
     return total or Decimal(0)
 
 
-def earlier_movements(tenant_id: int, task_id: UUID, reference: str) -> list[MoneyMovement]:
-    """Counted movements in the tenant for ``reference`` of tasks other than ``task_id``, oldest
-    first (``money_by_reference``)."""
-    rows = counted(tenant_id).filter(reference=reference).exclude(action__task_id=task_id)
+def _this_one(task_id: UUID, step: str) -> dict[str, Any]:
+    return {"action__task_id": task_id, **({"action__step": step} if step else {})}
+
+
+def earlier_movements(tenant_id: int, task_id: UUID, reference: str, step: str = "") -> list[MoneyMovement]:
+    """Counted movements in the tenant for ``reference`` but those of ``task_id``'s effect (of its
+    step ``step``; "": of any), oldest first (``money_by_reference``)."""
+    rows = counted(tenant_id).filter(reference=reference).exclude(**_this_one(task_id, step))
     return list(rows.select_related("action").order_by("created_at")[:5])
 
 
@@ -160,7 +170,7 @@ def review(policy: MoneyPolicy, facts: Mapping[str, Any], who: Spender, *, now: 
                 notes.append(f"{so_far} of {limit.total:,f} {currency} with this one")
     refused = None
     reference = policy.reference_of(facts)
-    earlier = earlier_movements(who.tenant_id, who.task_id, reference) if reference else []
+    earlier = earlier_movements(who.tenant_id, who.task_id, reference, who.step) if reference else []
     if earlier:
         named = reference.replace(":", " ", 1)
         found = Finding(

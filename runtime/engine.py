@@ -437,7 +437,7 @@ def _dispatch(
         records: tuple[Any, ...] = ()
         also: tuple[Any, ...] = ()
         if step.money is not None:
-            who = money.spender(task)
+            who = money.spender(task, step.name)
             key = intent.idempotency_key(effect_keys.scope_of(task))  # the key _ledger_rows writes
             records = (money.movement(step.money, facts, who, idempotency_key=key, now=timezone.now()),)
             check = money.guard(step.money, facts, who, approved_at=approved_at)
