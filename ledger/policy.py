@@ -56,6 +56,8 @@ class MoneyPolicy:
         amount, currency = self.money(facts)
         if amount is None:
             return [f"{self.amount} {facts.get(self.amount)!r} is not an amount the limits can be checked on"]
+        if amount <= 0:  # a model's arguments are not an input form: "below every limit" is no pass
+            return [f"{self.amount} {shown(amount)} is not a positive amount"]
         limit = self.limits.get(currency)
         if limit is None:
             code = currency or "no currency"

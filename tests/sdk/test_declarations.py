@@ -59,3 +59,12 @@ def test_a_call_id_becomes_part_of_a_step_name_only_when_short_and_plain():
     long_or_odd = [call_key("call_" + "x" * 40), call_key("call:1/../2")]
     assert all(key.startswith("h") and len(key) == 25 for key in long_or_odd)
     assert call_key("call:1/../2") != call_key("call:1/../3")
+
+
+def test_a_call_for_a_zero_or_negative_amount_needs_an_approver():
+    from workflows.support_agent import REFUNDS
+
+    refund = AgentEffect("refund_order", connector="payments", money=REFUNDS, effect=lambda a, f: {})
+    assert not refund.needs_approval({"amount": "90.00", "currency": "USD"})
+    assert refund.needs_approval({"amount": "-5000", "currency": "USD"})
+    assert refund.needs_approval({"amount": "0", "currency": "USD"})
