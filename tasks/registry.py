@@ -184,6 +184,11 @@ def call_key(call_id: str) -> str:
     return "h" + hashlib.sha256(call_id.encode()).hexdigest()[:24]
 
 
+def call_step(tool: str, call_id: str) -> str:
+    """The name of the ``Dispatch`` step that performs the model's call ``call_id`` of ``tool``."""
+    return f"{tool}{CALL_MARK}{call_key(call_id)}"
+
+
 @dataclass(frozen=True)
 class AgentEvidence:
     """A read-only tool: each call reads record ``<argument record_from>`` from ``system`` and keeps

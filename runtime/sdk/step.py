@@ -232,7 +232,7 @@ def _call_results(
     ]
     outputs: dict[str, str] = {}
     rejected: dict[str, str] = {}
-    bases = {f"{name}{registry.CALL_MARK}{registry.call_key(call_id)}": call_id for call_id, name in calls}
+    bases = {registry.call_step(name, call_id): call_id for call_id, name in calls}
     actions = {
         action.step: action
         for action in Action.objects.filter(task=task, step__in=list(bases)).order_by("id")
@@ -315,7 +315,7 @@ def _call(
     perform: Perform,
 ) -> Decision:
     tool = step.tool(call.tool)
-    base = f"{call.tool}{registry.CALL_MARK}{registry.call_key(call.call_id)}"
+    base = registry.call_step(call.tool, call.call_id)
     if isinstance(tool, registry.AgentEvidence):
         record_id = str(call.arguments.get(tool.record_from, ""))
         try:
@@ -394,10 +394,8 @@ def _pause(
             f"the agent paused for {call.tool!r}, which is not an AgentEffect",
         )
     for each in paused.undecided:
-        facts.update(
-            _arguments_as_facts(f"{each.tool}{registry.CALL_MARK}{registry.call_key(each.call_id)}", each)
-        )
-    base = f"{call.tool}{registry.CALL_MARK}{registry.call_key(call.call_id)}"
+        facts.update(_arguments_as_facts(registry.call_step(each.tool, each.call_id), each))
+    base = registry.call_step(call.tool, call.call_id)
     ask = kind.step_as(f"{base}{registry.APPROVE_SUFFIX}", registry.RequestApproval)
     records: tuple[Any, ...] = ()
     if paused.fresh:
