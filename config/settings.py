@@ -66,9 +66,11 @@ INSTALLED_APPS = [
     "tasks",
     "approvals",
     "protection",  # data protection: retention, legal holds, reveal, key rotation
+    "interop",  # A2A: the state mapping, the wire format, callers' messages and push notifications
     "runtime",
     "workflows",
     "console",
+    "a2a_api",  # the A2A v1.0 JSON-RPC surface
     "demo",
     "demo.sandbox",
 ]
