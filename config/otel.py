@@ -56,8 +56,13 @@ def configure(*, celery: bool = False) -> None:
 
     # Read the settings first: the instrumentor swallows a refusal to start (ImproperlyConfigured, e.g.
     # no SECRET_KEY with DEBUG off) and carries on with empty settings, serving nothing but errors.
-    settings.MIDDLEWARE  # noqa: B018 (loads the settings, and raises their refusal here)
-    DjangoInstrumentor().instrument()
+    middleware = list(settings.MIDDLEWARE)  # loads the settings, and raises their refusal here
+    # Its middleware goes right after the health probes' (config.health), not first: it builds the
+    # request's absolute URL, which validates the host, and a probe addressed by IP (a Kubernetes
+    # probe sends ``Host: <pod ip>``) would get a 400 instead of its answer. Probes are not traced.
+    health = "config.health.HealthMiddleware"
+    position = middleware.index(health) + 1 if health in middleware else 0
+    DjangoInstrumentor().instrument(middleware_position=position)
     if celery:
         from opentelemetry.instrumentation.celery import CeleryInstrumentor
 

@@ -227,6 +227,21 @@ def test_a_production_server_serves_pages_and_static_files_without_collectstatic
     assert plain.status_code == 301 and plain.headers["location"].startswith("https://")
 
 
+def test_health_probes_addressed_by_ip_are_answered_under_the_real_server_with_tracing_on(production_server):
+    """A Kubernetes probe sends ``Host: <pod ip>:<port>``, which ALLOWED_HOSTS rightly refuses. The probes
+    are answered before host validation — also when OpenTelemetry's middleware is installed (it builds the
+    request's absolute URL: placed first, it answered 400 to every probe)."""
+    by_ip = {"Host": "10.244.3.17:8000"}
+    live = httpx.get(f"{production_server}/healthz", headers=by_ip, timeout=10)
+    assert live.status_code == 200, live.text[:300]
+    assert live.json()["status"] == "ok"
+    ready = httpx.get(f"{production_server}/readyz", headers=by_ip, timeout=10)
+    assert ready.status_code in (200, 503), ready.text[:300]  # 503 names the dependency that is down
+    assert "database" in ready.json()["checks"]
+    # Everything else still refuses a host it does not serve.
+    assert httpx.get(f"{production_server}/accounts/login/", headers=by_ip, timeout=10).status_code == 400
+
+
 # --- headers on every answer ------------------------------------------------------------------------
 
 
