@@ -86,7 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cell-seconds", type=float, default=8.0, help="target busy time per cell")
     parser.add_argument("--quick", action="store_true", help="a reduced matrix (smoke test)")
     parser.add_argument("--no-peers", action="store_true", help="skip DBOS")
-    parser.add_argument("--database-prefix", default="bench", help="the scripts' throwaway databases' prefix")
+    parser.add_argument(
+        "--database-prefix", default=f"bench_{os.getpid()}", help="the scripts' throwaway databases' prefix"
+    )
     parser.add_argument("--no-save", action="store_true", help="do not write JSON to bench/results/")
     args = parser.parse_args(argv)
     os.environ.setdefault("DATABASE_URL", DEFAULT_SERVER_URL)

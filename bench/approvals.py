@@ -56,6 +56,7 @@ from bench.common import (  # noqa: E402
     recreate_database,
     setup_client_benchmark,
     signed_in_client,
+    throwaway_name,
     with_dbname,
 )
 
@@ -191,7 +192,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-analyze", action="store_true", help="measure right after seeding, before statistics exist"
     )
-    parser.add_argument("--database", default="bench_approvals")
+    parser.add_argument("--database", default=throwaway_name("bench_approvals"))
     parser.add_argument("--keep-database", action="store_true")
     return parser.parse_args(argv)
 

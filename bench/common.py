@@ -35,9 +35,31 @@ def with_dbname(url: str, dbname: str) -> str:
     return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))
 
 
+def throwaway_name(base: str) -> str:
+    """A default database name no other run shares: two people benchmarking against one server (or one
+    person running two scripts at once) each get their own database instead of dropping the other's."""
+    return f"{base}_{os.getpid()}"
+
+
+class DatabaseInUse(RuntimeError):
+    pass
+
+
 def recreate_database(server_url: str, dbname: str, *, create: bool) -> None:
-    """Drop ``dbname`` on the server (even with sessions left), and create it afresh if ``create``."""
+    """Create ``dbname`` afresh (``create``), or drop it at the end of the run (even with our own sessions
+    left). Before creating, a database of that name that another session is using is refused, never
+    dropped: it is somebody else's run."""
     with psycopg.connect(server_url, autocommit=True) as conn:
+        if create:
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                (dbname,),
+            ).fetchone()
+            if row and row[0]:
+                raise DatabaseInUse(
+                    f"database {dbname!r} is in use by {row[0]} session(s), perhaps another benchmark run: "
+                    "leave --database unset (each run gets its own) or name another one"
+                )
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
         if create:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))

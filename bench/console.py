@@ -65,6 +65,7 @@ from bench.common import (  # noqa: E402
     settle,
     setup_client_benchmark,
     signed_in_client,
+    throwaway_name,
     with_dbname,
 )
 
@@ -197,7 +198,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--export-rows", type=int, default=500, help="rows read from the audit export")
     parser.add_argument("--repeat", type=int, default=7, help="timed requests per read (median)")
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--database", default="bench_console")
+    parser.add_argument("--database", default=throwaway_name("bench_console"))
     parser.add_argument("--keep-database", action="store_true")
     return parser.parse_args(argv)
 

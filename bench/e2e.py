@@ -71,6 +71,7 @@ from bench.common import (  # noqa: E402
     recreate_database,
     settle,
     setup_django,
+    throwaway_name,
     with_dbname,
 )
 
@@ -642,7 +643,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--server-threads", type=int, default=4, help="gunicorn threads each (default 4)")
     parser.add_argument("--max-wait", type=float, default=600, help="give up a run after this many seconds")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--database", default="bench_e2e", help="throwaway database to create and drop")
+    parser.add_argument(
+        "--database", default=throwaway_name("bench_e2e"), help="throwaway database to create and drop"
+    )
     parser.add_argument("--keep-database", action="store_true", help="leave the database for inspection")
     parser.add_argument("--no-save", action="store_true", help="do not write JSON to bench/results/")
     parser.add_argument("--profile", type=int, default=0, metavar="N",

@@ -62,6 +62,7 @@ from bench.common import (  # noqa: E402
     recreate_database,
     settle,
     setup_django,
+    throwaway_name,
     with_dbname,
 )
 
@@ -277,7 +278,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tasks", type=int, default=200, help="runnable tasks all claimers compete for")
     parser.add_argument("--batch", type=int, default=4, help="tasks asked for per claim call")
     parser.add_argument("--repeat", type=int, default=1, help="runs per cell; the table shows medians")
-    parser.add_argument("--database", default="bench_leases", help="throwaway database to create and drop")
+    parser.add_argument(
+        "--database", default=throwaway_name("bench_leases"), help="throwaway database to create and drop"
+    )
     parser.add_argument("--no-save", action="store_true", help="do not write JSON to bench/results/")
     args = parser.parse_args(argv)
     args.claimer_counts = [int(n) for n in args.claimers.split(",") if n.strip()]

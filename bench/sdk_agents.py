@@ -72,6 +72,7 @@ from bench.common import (  # noqa: E402
     recreate_database,
     settle,
     setup_django,
+    throwaway_name,
     with_dbname,
 )
 from bench.e2e import DEFAULT_TTL, Server, Workers, _busy_span, _quantiles, _table  # noqa: E402
@@ -602,7 +603,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--storage", action=argparse.BooleanOptionalAction, default=True,
                         help="measure the bytes stored per task (default on)")  # fmt: skip
     parser.add_argument("--max-wait", type=float, default=300, help="give up a cell after this many seconds")
-    parser.add_argument("--database", default="bench_agents", help="throwaway database to create and drop")
+    parser.add_argument(
+        "--database", default=throwaway_name("bench_agents"), help="throwaway database to create and drop"
+    )
     parser.add_argument("--keep-database", action="store_true", help="leave the database for inspection")
     parser.add_argument("--no-save", action="store_true", help="do not write JSON to bench/results/")
     parser.add_argument("--profile", type=int, default=0, metavar="N",

@@ -84,6 +84,7 @@ from bench.common import (  # noqa: E402
     recreate_database,
     settle,
     setup_django,
+    throwaway_name,
     with_dbname,
 )
 
@@ -609,7 +610,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tasks-per-writer", type=int, default=8, help="tasks each writer cycles through")
     parser.add_argument("--repeat", type=int, default=1, help="runs per measurement; the table shows medians")
     parser.add_argument("--mode", choices=("processes", "threads"), default="processes")
-    parser.add_argument("--database", default="bench_durable", help="throwaway database to create and drop")
+    parser.add_argument(
+        "--database", default=throwaway_name("bench_durable"), help="throwaway database to create and drop"
+    )
     parser.add_argument("--debug", action="store_true", help="run Django with DEBUG on (records every query)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also cProfile N advance() calls by one in-process writer")  # fmt: skip
