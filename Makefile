@@ -16,7 +16,7 @@ PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check --require-
 PIP_TOOLS ?= pip-tools==7.6.2
 LOCK_VENV ?= var/pip-tools
 
-.PHONY: install install-dev demo demo-code test soak-tests chaos failover bench bench-e2e bench-leases bench-approvals bench-console bench-agents bench-all lint locks
+.PHONY: install install-dev demo demo-code prod-check test soak-tests chaos failover bench bench-e2e bench-leases bench-approvals bench-console bench-agents bench-all lint locks
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -103,6 +103,9 @@ bench-approvals: install
 
 bench-console: install
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/console.py
+
+prod-check: install  # the production layout from deploy/ (Procfile, env.example, gunicorn.conf.py) on loopback, probed
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python scripts/prod_check.py
 
 bench-agents: install  # the Agents SDK adapter against the same tools as a native workflow (bench/sdk_agents.py)
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/sdk_agents.py
