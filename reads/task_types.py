@@ -30,7 +30,7 @@ from typing import Any
 
 from django.conf import settings
 
-from ledger.policy import MoneyPolicy, shown
+from ledger.policy import MoneyPolicy
 from tasks import registry
 from tasks.models import Policy
 from tenancy.selectors import tenant_ids_for
