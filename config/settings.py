@@ -533,3 +533,19 @@ LOGGING = {
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # The task page links to its traces when set, e.g. https://tempo.example/trace/{trace_id} (config/otel.py).
 TRACE_URL_TEMPLATE = env.str("TRACE_URL_TEMPLATE", default="")
+
+# A2A v1.0 (a2a_api/, interop/). The absolute base URL callers reach this deployment at: the agent card
+# names f"{PUBLIC_BASE_URL}/a2a/" as the endpoint (A2A clients post to exactly that URL).
+PUBLIC_BASE_URL = env.str("PUBLIC_BASE_URL", default="http://127.0.0.1:8000").rstrip("/")
+# The largest JSON-RPC request body POST /a2a/ reads; a larger one is an invalid-request error, unread.
+A2A_MAX_MESSAGE_BYTES = env.int("A2A_MAX_MESSAGE_BYTES", default=256 * 1024)
+# The task type a message with only a text part starts (the text is its objective); "" refuses such
+# messages with invalid params (a data part must name the type).
+A2A_DEFAULT_TASK_TYPE = env.str("A2A_DEFAULT_TASK_TYPE", default="")
+# Streams (SendStreamingMessage, SubscribeToTask): how often a stream reads the transition log for new
+# events, and how long one connection lasts before the server ends it (the client resumes it with
+# Last-Event-ID = the last state_version it got). Each open stream holds one database connection.
+A2A_STREAM_POLL_SECONDS = env.float("A2A_STREAM_POLL_SECONDS", default=0.5)
+A2A_STREAM_MAX_SECONDS = env.float("A2A_STREAM_MAX_SECONDS", default=300.0)
+# The name the agent card gives this deployment.
+A2A_AGENT_NAME = env.str("A2A_AGENT_NAME", default="Durable agent execution")

@@ -6,6 +6,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from a2a_api.views import agent_card_view, rpc_view
 from api.views.schema import SchemaApi
 from config import metrics
 from console import second_factor
@@ -21,6 +22,9 @@ urlpatterns = [
     path("api/schema/", SchemaApi.as_view(), name="api-schema"),  # built once per process
     path("api/", include("api.urls")),
     path("console/", include("console.urls")),
+    # A2A v1.0: the agent card and the JSON-RPC endpoint it names (a2a_api/views.py).
+    path(".well-known/agent-card.json", agent_card_view, name="a2a-agent-card"),
+    path("a2a/", rpc_view, name="a2a-rpc"),
     # Prometheus scrapes (a token or an allowed network: config/metrics.py). /healthz and /readyz are
     # answered by config.health.HealthMiddleware before the URL conf.
     path("metrics", metrics.metrics_view, name="metrics"),
