@@ -115,7 +115,8 @@ def task_message(task: Task, *, history_length: int = 0, artifacts: bool = True)
 
 
 def task_result(task: Task, **options: Any) -> dict[str, Any]:
-    return json_format.MessageToDict(task_message(task, **options))
+    result: dict[str, Any] = json_format.MessageToDict(task_message(task, **options))
+    return result
 
 
 # --- SendMessage -------------------------------------------------------------------------------
@@ -522,7 +523,8 @@ def extended_card(call: Call) -> dict[str, Any]:
     """The card for an authenticated caller: the types its tenants may start (every registered type
     today: task types are the deployment's, ``reads.task_types.contracts``)."""
     parse(call.params, a2a_pb2.GetExtendedAgentCardRequest())
-    return json_format.MessageToDict(agent_card(contracts()))
+    card: dict[str, Any] = json_format.MessageToDict(agent_card(contracts()))
+    return card
 
 
 def events_after(task: Task, version: int) -> list[TransitionEvent]:
