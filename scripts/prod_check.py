@@ -43,7 +43,12 @@ from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
-SERVER_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+# The server in DATABASE_URL (any database of it: the check creates and drops one of its own).
+SERVER_URL = urlunsplit(
+    urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"))._replace(
+        path="/postgres"
+    )
+)
 PROBE_HOST = "10.244.3.17:8000"  # what a Kubernetes probe sends: the pod's IP, not a served name
 STOP_SECONDS = 45
 

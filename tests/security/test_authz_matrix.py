@@ -60,6 +60,9 @@ OUT_OF_SCOPE = {
     # (tests/observability/test_health.py).
     "metrics": "Prometheus scrapes: a bearer METRICS_TOKEN or an allowed network, never a session or an "
     "API token (tests/observability/test_metrics.py)",
+    ".well-known/agent-card.json": "the public A2A agent card: what a caller reads before it holds a token",
+    "a2a/": "A2A JSON-RPC: an API token with the integrate scope, its tenant's tasks only; one route for "
+    "every method, so its own tests call the methods as each caller (tests/a2a/)",
 }
 
 PRINCIPALS = (
