@@ -158,3 +158,14 @@ def test_the_card_names_our_absolute_endpoint_and_one_skill_per_task_type(client
     assert card["supportedInterfaces"][0]["url"] == f"{BASE}/a2a/"
     assert card["capabilities"]["streaming"] is True
     assert {"refund_request", "pay_invoice"} <= {skill["id"] for skill in card["skills"]}
+
+
+def test_the_readme_state_table_is_the_code_table():
+    from pathlib import Path
+
+    from interop.states import READINGS, TaskState
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for state, reading in READINGS.items():
+        row = f"| `{state}` | `{TaskState.Name(reading.a2a)}` | {'yes' if reading.needs_person else 'no'} |"
+        assert row in readme, row
