@@ -420,6 +420,17 @@ CELERY_BEAT_SCHEDULE = {
 CELERY_BEAT_SCHEDULE_FILENAME = env.str(
     "CELERY_BEAT_SCHEDULE_FILENAME", default=str(VAR_DIR / "celerybeat-schedule")
 )
+# A2A push notifications (interop/push.py, interop/ssrf.py). Hosts a push URL may name although they
+# resolve to a non-global address (loopback, private, link-local…): exact names or literal addresses.
+# Empty by default: only global unicast destinations are sent to.
+A2A_PUSH_ALLOWED_HOSTS = env.list("A2A_PUSH_ALLOWED_HOSTS", default=[])
+# Attempts of one delivery before it is marked failed (and the receiver's alert raised).
+A2A_PUSH_MAX_ATTEMPTS = env.int("A2A_PUSH_MAX_ATTEMPTS", default=8)
+# Backoff between attempts: base * 2**(attempt-1), capped, with up to 50 % random jitter (seconds).
+A2A_PUSH_BACKOFF_BASE = env.float("A2A_PUSH_BACKOFF_BASE", default=1.0)
+A2A_PUSH_BACKOFF_CAP = env.float("A2A_PUSH_BACKOFF_CAP", default=300.0)
+# Timeout of one POST to a receiver (seconds; connect and read).
+A2A_PUSH_TIMEOUT = env.float("A2A_PUSH_TIMEOUT", default=5.0)
 LEASE_TTL_SECONDS = env.float("LEASE_TTL_SECONDS", default=30.0)
 # Tasks one run_worker process keeps in flight (threads; see runtime/loop.py), and the database
 # connections they share: a slot holds one only while it talks to the database, not while it
