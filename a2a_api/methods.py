@@ -54,11 +54,9 @@ from tasks.models import Task
 from tasks.selectors import roles_in
 from tasks.states import TERMINAL, ActorKind, State
 from tasks.transitions import Actor
-from tenancy.models import Role, Tenant
+from tenancy.models import FEED_ROLES, Role, Tenant
 from tenancy.selectors import tenants_for
 
-# Who may start and answer tasks over A2A in a tenant: the roles the REST API lets feed tasks.
-FEED_ROLES = (Role.OPERATOR, Role.ADMIN, Role.INTEGRATOR)
 MAX_MESSAGE_ID = 190  # the task's idempotency key is "a2a:<messageId>" (200 characters at most)
 MAX_OBJECTIVE = 5000
 MAX_ANSWER = 2000
