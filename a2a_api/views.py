@@ -133,11 +133,11 @@ def _authenticate(request: HttpRequest) -> Any:
     throttle = WrongTokenThrottle()
     try:
         throttle.count_attempt(request)
-    except Throttled as exc:
+    except Throttled:
         raise RpcError(
             Code.INVALID_REQUEST,
             "Too many wrong tokens from this address; try again later.",
-            {"http_status": 429, "retry_after": int(exc.wait or 1)},
+            {"http_status": 429, "retry_after": int(throttle.wait() or 1)},
         ) from None
     try:
         token = token_authenticate(words[1])

@@ -263,15 +263,26 @@ def pending_count(user: Any, cap: int = BADGE_CAP) -> int:
 
 
 def earlier_request(request: ApprovalRequest) -> ApprovalRequest | None:
-    """The request made before ``request`` for the same task and action step (a repeat's original)."""
+    """The request made before ``request`` for the same task and action step (a repeat's original).
+
+    Ordered by the task's version when each was asked, a sequence: two requests written in the same
+    instant (a seeded demo, a coarse clock) share ``created_at``, and the repeat then found nothing."""
     return (
         ApprovalRequest.objects.filter(
-            task_id=request.task_id, action_step=request.action_step, created_at__lt=request.created_at
+            task_id=request.task_id,
+            action_step=request.action_step,
+            waiting_version__lt=request.waiting_version,
         )
         .select_related("decision__decided_by")
-        .order_by("-created_at")
+        .order_by("-waiting_version")
         .first()
     )
+
+
+def next_to_decide(user: Any, *, besides: ApprovalRequest) -> ApprovalRequest | None:
+    """The pending request ``user`` may decide that their inbox lists first (least time left), other
+    than ``besides``: where an approver goes after a decision."""
+    return live_requests().filter(decidable(user)).exclude(pk=besides.pk).order_by("expires_at", "id").first()
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,12 @@ from a2a_api.views import agent_card_view, rpc_view
 from api.views.schema import SchemaApi
 from config import metrics
 from console import second_factor
+from console.views import ConsoleLogin
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/console/", permanent=False)),
     path("admin/", admin.site.urls),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/login/", ConsoleLogin.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     # After the password, approvers and admins give a code (tenancy/second_factor.py).
     path("accounts/second-factor/", second_factor.code, name="second-factor"),

@@ -20,6 +20,7 @@ from django.utils.http import url_has_allowed_host_and_scheme, urlencode
 from django.views.decorators.http import require_http_methods
 
 from console.forms import ConsoleForm
+from console.views import asked_for
 from tenancy import second_factor
 from tenancy.second_factor import Outcome
 
@@ -37,7 +38,7 @@ class CodeForm(ConsoleForm):
 
 def _next(request: HttpRequest) -> str:
     """Where to go after the code: ``next`` if it is a page of this site, else the landing page."""
-    wanted = request.POST.get("next") or request.GET.get("next") or ""
+    wanted = asked_for(request.POST.get("next") or request.GET.get("next") or "")
     if wanted and url_has_allowed_host_and_scheme(
         wanted, allowed_hosts={request.get_host()}, require_https=request.is_secure()
     ):

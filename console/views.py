@@ -6,6 +6,7 @@ from typing import Any
 from uuid import UUID
 
 from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
@@ -70,11 +71,33 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
     return response
 
 
+# Where someone arrives without asking for a page: the site's root, or the console's (what the login
+# page's ``next`` says when a bookmark of the console sent them to log in). They go to ``landing``.
+NO_PAGE_ASKED = frozenset({"/", "/console/"})
+
+
+def asked_for(next_url: str) -> str:
+    """``next_url``, or "" when it names no particular page (then the landing page chooses)."""
+    return "" if next_url in NO_PAGE_ASKED else next_url
+
+
+class ConsoleLogin(auth_views.LoginView):
+    """The login page; a ``next`` that names no particular page lands by role (``landing``)."""
+
+    def get_redirect_url(self) -> str:
+        return asked_for(super().get_redirect_url())
+
+
 @login_required
 def landing(request: HttpRequest) -> HttpResponse:
-    """Where a login lands: approvers on their inbox, everyone else on the queue."""
+    """Where a login lands: approvers on their inbox, auditors (who operate nowhere) on the audit log,
+    everyone else on the queue."""
     if tenant_ids_for(request.user, [Role.APPROVER]):
         return redirect("console:approvals")
+    if tenant_ids_for(request.user, [Role.AUDITOR]) and not tenant_ids_for(
+        request.user, [Role.OPERATOR, Role.ADMIN]
+    ):
+        return redirect("console:audit")
     return redirect("console:queue")
 
 
@@ -134,12 +157,20 @@ def approval_decide(request: HttpRequest, request_id: UUID) -> HttpResponse:
         messages.error(request, "Choose approve or reject; the digest you saw is required.")
         return redirect("console:approval", request_id=approval.pk)
     data = form.cleaned_data
-    if data["decision"] == Decision.APPROVE and not data["confirmed"]:
-        # The confirm step: the same page, asking once more before anything is decided.
+    no_reason = data["decision"] == Decision.REJECT and not data["comment"].strip()
+    if not data["confirmed"] or no_reason:
+        # The confirm step: the same page, asking once more before anything is decided (and, to reject,
+        # for the reason the task's operators will read).
         context = _approval_context(request.user, approval)
         if context["can_decide"]:
-            context.update(confirming=True, comment=data["comment"], digest_seen=data["digest"])
-            return render(request, "console/approval_detail.html", context)
+            context.update(
+                confirming=data["decision"],
+                comment=data["comment"],
+                digest_seen=data["digest"],
+                reason_missing=no_reason and data["confirmed"],
+            )
+            status = 400 if context["reason_missing"] else 200
+            return render(request, "console/approval_detail.html", context, status=status)
     try:
         decided = approval_services.approval_decide(
             approval,
@@ -161,4 +192,8 @@ def approval_decide(request: HttpRequest, request_id: UUID) -> HttpResponse:
         messages.success(request, f"{verb}. The task moved on to {decided.task.state}.")
     else:
         messages.info(request, f"Nothing changed: this request was {decided.note}.")
-    return redirect("console:task", task_id=approval.task_id)
+    # On to the next request in the approver's inbox (or the inbox, when none is left).
+    following = approval_selectors.next_to_decide(request.user, besides=approval)
+    if following is None:
+        return redirect("console:approvals")
+    return redirect("console:approval", request_id=following.pk)

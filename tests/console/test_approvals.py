@@ -203,13 +203,44 @@ def test_approve_asks_for_confirmation_before_deciding(acme, approver, operator)
     assert done.status_code == 302 and ApprovalRequest.objects.get(pk=request.pk).status == "approved"
 
 
-def test_rejecting_with_an_empty_comment_records_rejected(acme, approver, operator):
+def test_reject_asks_for_a_reason_and_a_confirmation_then_goes_to_the_inbox(acme, approver, operator):
     request = ask(make_task(acme, owner=operator))
-    client_for(approver).post(
-        f"/console/approvals/{request.pk}/decide/", {"decision": "reject", "digest": request.digest}
+    client = client_for(approver)
+    url = f"/console/approvals/{request.pk}/decide/"
+    asked = client.post(url, {"decision": "reject", "digest": request.digest})
+    assert asked.status_code == 200 and "Confirm the rejection" in asked.content.decode()
+    no_reason = client.post(url, {"decision": "reject", "digest": request.digest, "confirmed": "True"})
+    assert no_reason.status_code == 400 and "Say why you reject it" in no_reason.content.decode()
+    assert ApprovalRequest.objects.get(pk=request.pk).status == "pending"
+    done = client.post(
+        url, {"decision": "reject", "digest": request.digest, "comment": "wrong card", "confirmed": "True"}
     )
+    assert done.status_code == 302 and done["Location"] == "/console/approvals/"  # nothing else waits
+    assert ApprovalRequest.objects.get(pk=request.pk).status == "rejected"
     event = TransitionEvent.objects.filter(task_id=request.task_id).order_by("-state_version").first()
-    assert event.reason == "rejected"
+    assert "wrong card" in event.reason
+
+
+def test_after_a_decision_the_approver_goes_to_the_next_request_not_the_task(acme, approver, operator):
+    first = ask(make_task(acme, owner=operator))
+    second = ask(make_task(acme, owner=operator, objective="Refund order A-2"))
+    done = client_for(approver).post(
+        f"/console/approvals/{first.pk}/decide/",
+        {"decision": "approve", "digest": first.digest, "confirmed": "True"},
+    )
+    assert done.status_code == 302 and done["Location"] == f"/console/approvals/{second.pk}/"
+
+
+def test_a_repeat_asked_in_the_same_instant_still_finds_its_earlier_request(acme, approver, operator):
+    """The demo seeds both requests in one instant: ordered by time, the repeat found no original."""
+    task = make_task(acme, owner=operator)
+    first = ask(task)
+    other = make_user("acme-approver2", acme, Role.APPROVER)
+    approvals.approval_decide(first, user=other, decision="reject", digest_seen=first.digest)
+    second = ask(Task.objects.get(pk=task.pk), trigger=Trigger.PROCEED, amount="8.00")
+    ApprovalRequest.objects.filter(pk=second.pk).update(created_at=first.created_at)
+    page = client_for(approver).get(f"/console/approvals/{second.pk}/").content.decode()
+    assert "This repeats an earlier request" in page
 
 
 def test_another_tenants_approver_sees_neither_the_request_nor_a_count(acme, globex, operator):

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def log_in(page: Page, base: str, username: str) -> None:
     browser_log_in(page, base, username)  # with the second factor when asked
-    expect(page).to_have_url(f"{base}/console/")
+    expect(page).to_have_url(f"{base}/console/audit/")  # auditors land on the audit log
 
 
 def test_an_auditor_searches_opens_a_history_and_verifies_its_export(

@@ -65,7 +65,7 @@ def test_an_approver_approves_from_the_inbox_and_sees_the_task_move_on(
     expect(page.get_by_role("heading", name="Approvals waiting for you")).to_be_visible()
     row = page.locator("table.grid tbody tr", has_text="Refund order A-1")
     expect(row).to_contain_text("amount=10.00")
-    row.get_by_role("link").first.click()
+    row.locator("a.request-link").click()  # the link is on the request itself
 
     expect(page.get_by_role("heading", name="Approve payments: refund?")).to_be_visible()
     request = ApprovalRequest.objects.get(task=task)
@@ -78,6 +78,9 @@ def test_an_approver_approves_from_the_inbox_and_sees_the_task_move_on(
     page.get_by_role("button", name="Confirm approval").click()
 
     expect(page.get_by_role("status")).to_contain_text("Approved. The task moved on to resume_validation.")
+    # On to the inbox (nothing else waits), not the operator's task page.
+    expect(page.get_by_role("heading", name="Approvals waiting for you")).to_be_visible()
+    page.goto(f"{live_server.url}/console/tasks/{task.id}/")
     expect(page.get_by_role("heading", level=1)).to_contain_text("Resume Validation")
     expect(page.locator("ol.timeline")).to_contain_text("approval_decided by user:acme-approver")
     assert Task.objects.get(pk=task.pk).state == State.RESUME_VALIDATION
@@ -111,7 +114,7 @@ def test_an_approver_opens_a_repeat_request_sees_the_diff_and_approves_with_conf
     log_in(page, live_server.url, "acme-approver", lands_on="/console/approvals/")
 
     expect(page.locator("span.pending-count")).to_have_text("1")
-    page.locator("table.grid tbody tr", has_text="Refund order A-1").get_by_role("link").first.click()
+    page.locator("table.grid tbody tr", has_text="Refund order A-1").locator("a.request-link").click()
     expect(page.get_by_role("heading", name="This repeats an earlier request")).to_be_visible()
     diff = page.locator("table.diff")
     expect(diff.locator("tr", has_text="effect.amount")).to_contain_text("8.00")

@@ -390,7 +390,7 @@ def _body(name: str, world: SimpleNamespace) -> dict[str, Any]:
     if name == "console:task-reveal":
         return {"field": "refund_card"}
     if name == "console:approval-decide":
-        return {"decision": "reject", "digest": world.approval.digest, "comment": "matrix"}
+        return {"decision": "reject", "digest": world.approval.digest, "comment": "matrix", "confirmed": "1"}
     if name == "console:theme":
         return {"theme": "dark", "next": "/console/"}
     if name == "console:saved-view-save":

@@ -79,7 +79,7 @@ def test_an_approver_cannot_decide_before_the_code_and_can_after_it(acme, approv
     client = Client()
     password(client, "acme-approver")
     decide = f"/console/approvals/{approval.id}/decide/"
-    body = {"decision": "reject", "digest": approval.digest, "comment": "no"}
+    body = {"decision": "reject", "digest": approval.digest, "comment": "no", "confirmed": "True"}
 
     refused = client.post(decide, body)
     assert refused.status_code == 302 and refused["Location"] == CODE_PAGE
@@ -90,11 +90,14 @@ def test_an_approver_cannot_decide_before_the_code_and_can_after_it(acme, approv
     assert ApprovalRequest.objects.get(pk=approval.pk).status == ApprovalStatus.REJECTED
 
 
-@pytest.mark.parametrize("who", ["operator", "auditor", "integrator"])
-def test_an_operator_auditor_or_integrator_is_not_asked_for_a_code(request, who):
+@pytest.mark.parametrize(
+    ("who", "lands_on"),
+    [("operator", "/console/"), ("auditor", "/console/audit/"), ("integrator", "/console/")],
+)
+def test_an_operator_auditor_or_integrator_is_not_asked_for_a_code(request, who, lands_on):
     user = request.getfixturevalue(who)
     client = Client()
-    assert landed(password(client, user.get_username())) == "/console/"
+    assert landed(password(client, user.get_username())) == lands_on
     assert client.get("/console/").status_code == 200
     assert not TOTPDevice.objects.filter(user=user).exists()
 
