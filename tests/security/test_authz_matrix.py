@@ -190,6 +190,7 @@ EXPECTED: dict[tuple[str, str], dict[str, int | str]] = {
     ("console:alerts", "GET"):            cols(L,   200, 200, 200, 403, 403, 200,   *T),
     ("console:alert-acknowledge", "POST"): cols(L,  404, 403, R,   403, 403, R,     *T),
     ("console:alert-snooze", "POST"):     cols(L,   404, 403, R,   403, 403, R,     *T),
+    ("console:task-types", "GET"):        cols(L,   200, 200, 200, 200, 200, 200,   *T),
 }
 # fmt: on
 
