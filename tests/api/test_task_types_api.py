@@ -13,10 +13,12 @@ from typing import Any
 import jsonschema
 import pytest
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from demo.cases import CASES
 from demo.cases.seeding import Seeding
 from tasks import registry
+from tasks.models import Policy
 from tasks.transitions import Actor
 from tenancy.models import Role, Scope
 from tenancy.services import token_create
@@ -107,6 +109,16 @@ def test_sensitive_input_fields_are_marked_write_only_in_the_schema(operator):
             assert schema.get("x-sensitive", False) is marked, (contract["name"], name)
 
 
+def test_the_version_changes_when_the_policy_in_force_does_and_only_for_that_type(operator):
+    client = api_client_for(operator)
+    before = {each["name"]: each["version"] for each in client.get(LIST).json()["results"]}
+    Policy.objects.update_or_create(task_type="refund_request", defaults={"version": "2099-01"})
+    refund = client.get(detail("refund_request")).json()
+    assert refund["policy_version"] == "2099-01" and refund["version"] != before["refund_request"]
+    after = {each["name"]: each["version"] for each in client.get(LIST).json()["results"]}
+    assert {name for name in before if before[name] != after[name]} == {"refund_request"}
+
+
 def test_an_unknown_type_is_404(operator):
     assert api_client_for(operator).get(detail("no_such_type")).status_code == 404
 
@@ -155,16 +167,12 @@ def test_a_user_with_no_role_lists_none_and_reads_none(acme):
 
 
 def test_an_anonymous_caller_is_401():
-    from rest_framework.test import APIClient
-
     assert APIClient().get(LIST).status_code == 401
     assert APIClient().get(detail("refund_request")).status_code == 401
 
 
 @pytest.mark.parametrize(("scope", "status"), [(Scope.READ, 200), (Scope.INTEGRATE, 403)])
 def test_a_token_needs_the_read_scope(operator, scope, status):
-    from rest_framework.test import APIClient
-
     _, key = token_create(operator, scopes=[scope], expires_at=timezone.now() + timedelta(days=1))
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
