@@ -18,7 +18,7 @@ from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS
 from audit.models import TransitionEvent
 from ledger.models import Action
 from protection import retention, reveal
-from reads import approval_detail, task_detail
+from reads import approval_detail, task_detail, task_types
 from tasks import checkpoints, registry, values
 from tasks.models import Checkpoint, Task
 from tenancy.models import Tenant
@@ -462,3 +462,66 @@ def approval_detail_data(request: ApprovalRequest) -> dict[str, Any]:
     """The JSON of one visible approval request (``approvals.selectors.get_visible_request``)."""
     detail = approval_detail.read_approval_detail(request)
     return dict(ApprovalDetailOut(detail.request, context={"detail": detail}).data)
+
+
+# --- task types ------------------------------------------------------------------------------------
+# ``GET /api/task-types/``: ``reads.task_types.TaskTypeContract`` as it is (the console's task-types
+# page and the A2A agent card show the same contract). No docstrings: they would join the OpenAPI
+# document's component descriptions.
+
+
+class TaskTypeStepOut(serializers.Serializer[task_types.StepContract]):
+    name = serializers.CharField()
+    kind = serializers.CharField(help_text="The step's class: ReadEvidence, ModelTurn, Dispatch, AgentRun, …")
+    next = serializers.CharField(help_text="The step it goes on to (empty for an ending step)")
+    detail = serializers.CharField(help_text="What it does, in a few words")
+
+
+class TaskTypeLimitOut(serializers.Serializer[dict[str, str]]):
+    each = serializers.CharField(help_text="Above this amount at once, it asks (a decimal)")
+    total = serializers.CharField(help_text="Past this running total over window_seconds, it asks")
+
+
+class TaskTypeApprovalOut(serializers.Serializer[task_types.ApprovalContract]):
+    step = serializers.CharField(help_text="The effect approved: a Dispatch step, or an agent's tool")
+    approval_step = serializers.CharField(
+        help_text="The step that asks; for an agent's tool <call> stands for each call"
+    )
+    approver_role = serializers.CharField()
+    always = serializers.BooleanField(help_text="False: only as the money policy (limits) says")
+    limits = serializers.DictField(child=TaskTypeLimitOut(), help_text="Per currency code")
+    agent_step = serializers.CharField(help_text="The AgentRun step whose tool this is (empty otherwise)")
+    connector = serializers.CharField()
+    expires_after_seconds = serializers.IntegerField()
+    reason = serializers.CharField()
+    window_seconds = serializers.IntegerField(help_text="The running total's window (0: no money policy)")
+    reference_kind = serializers.CharField(help_text="A repeat for the same reference asks (or is refused)")
+    on_duplicate = serializers.CharField(help_text='"approve", "refuse", or empty without a reference')
+    summary = serializers.CharField(help_text="When it asks, in one sentence")
+
+
+class TaskTypeInputFieldOut(serializers.Serializer[task_types.InputField]):
+    name = serializers.CharField()
+    type = serializers.CharField()
+    # The metaclass takes declared fields off the class, so these do not shadow Field.required/.default.
+    required = serializers.BooleanField()  # type: ignore[assignment]
+    sensitive = serializers.BooleanField()
+    default = serializers.CharField(help_text="The default as JSON (empty when the field has none)")
+    rules = serializers.ListField(child=serializers.CharField())
+
+
+class TaskTypeOut(serializers.Serializer[task_types.TaskTypeContract]):
+    name = serializers.CharField()
+    description = serializers.CharField()
+    version = serializers.CharField(help_text="Digest of everything else here: changes when any of it does")
+    policy_version = serializers.CharField()
+    input_schema = serializers.DictField(
+        help_text="JSON Schema (draft 2020-12) of input; sensitive fields carry writeOnly and x-sensitive"
+    )
+    sensitive_fields = serializers.ListField(child=serializers.CharField())
+    sensitive_facts = serializers.ListField(
+        child=serializers.CharField(), help_text="Facts the task derives that are sealed and masked too"
+    )
+    input_fields = TaskTypeInputFieldOut(many=True, help_text="input_schema's fields, for people")
+    steps = TaskTypeStepOut(many=True)
+    approvals = TaskTypeApprovalOut(many=True)

@@ -7,6 +7,7 @@ from api.views.alerts import AlertAcknowledgeApi, AlertListApi, AlertSnoozeApi
 from api.views.approvals import ApprovalDecideApi, ApprovalDetailApi, ApprovalListApi
 from api.views.legal_hold import TaskLegalHoldApi
 from api.views.reveal import TaskRevealApi
+from api.views.task_types import TaskTypeDetailApi, TaskTypeListApi
 from api.views.tasks import (
     TaskActionsApi,
     TaskCheckpointsApi,
@@ -51,5 +52,7 @@ urlpatterns = (
             "alerts/<int:alert_id>/acknowledge/", AlertAcknowledgeApi.as_view(), name="api-alert-acknowledge"
         ),
         path("alerts/<int:alert_id>/snooze/", AlertSnoozeApi.as_view(), name="api-alert-snooze"),
+        path("task-types/", TaskTypeListApi.as_view(), name="api-task-types"),
+        path("task-types/<str:task_type>/", TaskTypeDetailApi.as_view(), name="api-task-type"),
     ]
 )

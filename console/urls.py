@@ -14,6 +14,7 @@ from console import (
     quarantine,
     saved_views,
     task_page,
+    task_types,
     views,
 )
 from console import queue as queue_export
@@ -52,4 +53,5 @@ urlpatterns = [
     path("alerts/<int:alert_id>/acknowledge/", alerts.alert_acknowledge, name="alert-acknowledge"),
     path("alerts/<int:alert_id>/snooze/", alerts.alert_snooze, name="alert-snooze"),
     path("orphans/", orphans.orphan_list, name="orphans"),
+    path("task-types/", task_types.task_type_list, name="task-types"),
 ]

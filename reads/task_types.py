@@ -338,7 +338,7 @@ def _summary(asks_always: bool, money: MoneyPolicy | None) -> str:
     """When the effect asks, in words; the numbers are ``limits`` (shown beside it)."""
     if money is None:
         return "Always needs an approver."
-    window = _duration(money.window)
+    window = duration(money.window)
     repeat = ""
     if money.reference:
         handled = "refused" if money.on_duplicate == "refuse" else "asked about"
@@ -361,7 +361,8 @@ def _article(word: str) -> str:
     return "an" if word[:1].lower() in "aeiou" else "a"
 
 
-def _duration(span: timedelta) -> str:
+def duration(span: timedelta) -> str:
+    """A span in words: "a day", "2 hours", "90 seconds" (the summaries' and the console's)."""
     seconds = int(span.total_seconds())
     for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
         if seconds % size == 0 and seconds >= size:

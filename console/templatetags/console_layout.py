@@ -20,6 +20,7 @@ SECTIONS = {
     "access": "access",
     "orphans": "orphans",
     "dashboard": "dashboard",
+    "task-types": "task-types",
 }
 
 

@@ -45,6 +45,7 @@ def console_pages(acme, owner) -> dict[str, str]:
         "dashboard": "/console/dashboard/",
         "audit": "/console/audit/",
         "audit-task": f"/console/audit/tasks/{approval.task_id}/",
+        "task-types": "/console/task-types/",
         "not-found": "/console/tasks/00000000-0000-0000-0000-000000000000/",
     }
 

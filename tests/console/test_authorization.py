@@ -113,6 +113,8 @@ EXPECTED: dict[str, Row] = {
     "alerts": row("GET", LOGIN, 200, 200, 200, 403, 200),
     "alert-acknowledge": row("POST", LOGIN, 404, 403, DONE, 403, DONE),
     "alert-snooze": row("POST", LOGIN, 404, 403, DONE, 403, DONE),
+    # Task types are the deployment's: any role in any tenant reads every one (reads.task_types).
+    "task-types": row("GET", LOGIN, 200, 200, 200, 200, 200),
 }
 
 

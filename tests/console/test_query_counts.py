@@ -33,6 +33,7 @@ CEILING = {  # measured when written, plus a little room: 10, 19, 8, 9, 6, 6, 10
     "audit": 9,
     "audit-task": 15,  # + the badge's anchor window (keyed moment, last anchor) and the takeover chain
     "bulk-list": 8,
+    "task-types": 9,  # 8 measured: the layout's, the caller's roles, the policy versions in force
 }
 SLACK = 2  # more rows may add a "next page" probe, never a query per row
 MANY = 60
@@ -78,6 +79,7 @@ def build(acme, owner, rows: int) -> dict[str, str]:
         "audit": "/console/audit/",
         "audit-task": f"/console/audit/tasks/{task_id}/",
         "bulk-list": "/console/bulk/",
+        "task-types": "/console/task-types/",
     }
 
 

@@ -125,6 +125,9 @@ EXPECTED: dict[tuple[str, str], dict[str, int | str]] = {
     ("api-task-actions", "GET"):          cols(401, 404, 200, 200, 200, 200, 200,   200, 403, 403, 403),
     ("api-approvals", "GET"):             cols(401, 200, 200, 200, 200, 200, 200,   200, 403, 403, 403),
     ("api-approval", "GET"):              cols(401, 404, 200, 200, 200, 200, 200,   200, 403, 403, 403),
+    # Task types are the deployment's: any role in any tenant reads every one (reads.task_types.visible_to)
+    ("api-task-types", "GET"):            cols(401, 200, 200, 200, 200, 200, 200,   200, 403, 403, 403),
+    ("api-task-type", "GET"):             cols(401, 200, 200, 200, 200, 200, 200,   200, 403, 403, 403),
     # --- starting and feeding tasks: operators, admins, integrators; a token needs "integrate".
     # Starting names tenant acme, which to another tenant's operator does not exist: 400 on the field.
     ("api-tasks", "POST"):                cols(401, 400, 403, 201, 403, 201, 201,   403, 403, 403, 201),
@@ -187,6 +190,7 @@ EXPECTED: dict[tuple[str, str], dict[str, int | str]] = {
     ("console:alerts", "GET"):            cols(L,   200, 200, 200, 403, 403, 200,   *T),
     ("console:alert-acknowledge", "POST"): cols(L,  404, 403, R,   403, 403, R,     *T),
     ("console:alert-snooze", "POST"):     cols(L,   404, 403, R,   403, 403, R,     *T),
+    ("console:task-types", "GET"):        cols(L,   200, 200, 200, 200, 200, 200,   *T),
 }
 # fmt: on
 
@@ -345,6 +349,7 @@ PARAMS: dict[str, Callable[[str, SimpleNamespace], Any]] = {
     "fmt": lambda name, w: "csv",
     "view_id": lambda name, w: w.view.pk,
     "alert_id": lambda name, w: w.alert.pk,
+    "task_type": lambda name, w: "refund_request",
 }
 
 
