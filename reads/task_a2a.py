@@ -89,10 +89,21 @@ def read_task_a2a(task: Task) -> TaskA2A:
             push_failed=Subquery(failed),
         )
         .values(
-            "a2a_caller", "a2a_token", "a2a_agent", "a2a_context", "push_configs__config_id",
-            "push_configs__url", "push_configs__deleted_at", "push_version", "push_status",
-            "push_attempts", "push_last_status", "push_error", "push_next", "push_failed",
-        )  # fmt: skip
+            "a2a_caller",
+            "a2a_token",
+            "a2a_agent",
+            "a2a_context",
+            "push_configs__config_id",
+            "push_configs__url",
+            "push_configs__deleted_at",
+            "push_version",
+            "push_status",
+            "push_attempts",
+            "push_last_status",
+            "push_error",
+            "push_next",
+            "push_failed",
+        )
         .order_by("-push_configs__created_at")[:CONFIGS_SHOWN]
     )
     head = rows[0] if rows else {}
@@ -119,4 +130,3 @@ def read_task_a2a(task: Task) -> TaskA2A:
         context_id=head.get("a2a_context") or "",
         pushes=pushes,
     )
-
