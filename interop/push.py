@@ -51,7 +51,7 @@ import httpx
 from a2a.types import a2a_pb2
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import Exists, F, OuterRef, QuerySet
 from django.utils import timezone
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
@@ -127,7 +127,7 @@ def fields_of(config: a2a_pb2.TaskPushNotificationConfig, task_id: str) -> dict[
     }
 
 
-def live_configs(task: Task) -> Any:
+def live_configs(task: Task) -> QuerySet[PushConfig]:
     return PushConfig.objects.filter(task=task, deleted_at__isnull=True).order_by("config_id")
 
 

@@ -106,7 +106,7 @@ def read_task_a2a(task: Task) -> TaskA2A:
         )
         .order_by("-push_configs__created_at")[:CONFIGS_SHOWN]
     )
-    head = rows[0] if rows else {}
+    head: dict[str, Any] = dict(rows[0]) if rows else {}
     pushes = [
         PushTarget(
             config_id=row["push_configs__config_id"],
