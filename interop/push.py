@@ -11,9 +11,10 @@ steps, both safe to run in any number of processes at once and to kill at any po
    later change waits until the earlier one is delivered or given up) whose ``next_attempt_at`` came,
    by pushing ``next_attempt_at`` past the send's timeout in a short transaction (a lease, so no
    row lock is held across the network); then screen the URL again (``interop.ssrf``: DNS rebinding),
-   POST, and record the outcome. A 2xx is delivered; anything else is retried after
-   ``min(cap, base * 2**(attempts-1))`` seconds plus up to 50 % jitter, and after
-   ``A2A_PUSH_MAX_ATTEMPTS`` marked failed (``runtime.alerts`` raises ``push_receiver_failing``).
+   POST (a plain-http URL to the very address screened: ``pinned``), and record the outcome. A 2xx
+   is delivered; anything else is retried after ``min(cap, base * 2**(attempts-1))`` seconds plus
+   up to 50 % jitter, and after ``A2A_PUSH_MAX_ATTEMPTS`` marked failed (the ``runtime.alerts`` scan
+   then raises ``push_receiver_failing``).
    A worker killed after the POST and before the record sends it again: at least once, never at
    most once; the receiver deduplicates.
 
@@ -46,6 +47,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from a2a.types import a2a_pb2
@@ -329,6 +331,21 @@ def _claim(limit: int, now: datetime) -> list[PushDelivery]:
     return rows
 
 
+def pinned(screened: ssrf.Screened) -> tuple[str, dict[str, str]]:
+    """(URL, extra headers) that send to the address the screen judged, not to a second lookup of the
+    name, which a hostile DNS server could answer with 127.0.0.1 (rebinding): for plain http, the
+    URL's host becomes that address and ``Host`` keeps the name. An https URL keeps its name: the
+    receiver must then show a certificate for it, which an internal service reached by rebinding
+    cannot. An allow-listed host is the operator's, sent to as it is."""
+    if screened.scheme != "http" or screened.allow_listed or not screened.addresses:
+        return screened.url, {}
+    address = screened.addresses[0]
+    parts = urlsplit(screened.url)
+    literal = f"[{address}]" if ":" in address else address
+    url = urlunsplit(("http", f"{literal}:{screened.port}", parts.path, parts.query, ""))
+    return url, {"Host": parts.netloc}
+
+
 @dataclass(frozen=True)
 class Outcome:
     delivered: bool
@@ -345,12 +362,13 @@ def _send(delivery: PushDelivery) -> Outcome:
         A2AMessage.objects.filter(task_id=task.id).order_by("id").values_list("context_id", flat=True).first()
     ) or str(task.id)
     try:
-        ssrf.screen(config.url)  # again at send time: the name may resolve elsewhere today
+        screened = ssrf.screen(config.url)  # again at send time: the name may resolve elsewhere today
     except ssrf.UrlRefused as refused:
         return Outcome(False, None, f"refused: {refused}", final=True)
+    url, host = pinned(screened)
     body = body_of(status_update(task, event, context_id))
     token = secret(config, "token")
-    headers = {"Content-Type": "application/json", IDEMPOTENCY_HEADER: delivery.idempotency_id}
+    headers = {"Content-Type": "application/json", IDEMPOTENCY_HEADER: delivery.idempotency_id, **host}
     if token:
         headers.update({TOKEN_HEADER: token, SIGNATURE_HEADER: signature(body, token)})
     credentials = secret(config, "credentials")
@@ -358,7 +376,7 @@ def _send(delivery: PushDelivery) -> Outcome:
         headers["Authorization"] = f"{config.auth_scheme} {credentials}"
     try:
         response = http.client().post(
-            config.url,
+            url,
             content=body,
             headers=headers,
             timeout=settings.A2A_PUSH_TIMEOUT,
