@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('runtime', '0008_agent_session_item'),
+        ('runtime', '0009_bulk_selection_filters_only'),
         ('tasks', '0014_task_takeover_head'),
         ('tenancy', '0006_second_factor_kinds'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
