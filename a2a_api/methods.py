@@ -41,8 +41,8 @@ from google.protobuf.message import Message
 from a2a_api.card import agent_card
 from a2a_api.rpc import Call, Code, RpcError, method
 from audit.models import TransitionEvent
-from interop import wire
-from interop.models import A2AMessage
+from interop import push, wire
+from interop.models import A2AMessage, PushConfig
 from interop.states import READINGS
 from protection.reveal import masked_outcome
 from reads import visibility
@@ -392,8 +392,27 @@ def _not_waiting(task: Task) -> RpcError:
     )
 
 
+PUSH_FIELD = "configuration.taskPushNotificationConfig."
+
+
+def keep_push_config(
+    call: Call, config: a2a_pb2.TaskPushNotificationConfig, task: Task | None = None, prefix: str = ""
+) -> PushConfig | None:
+    """With no ``task``: refuse a bad ``config`` before anything is written; with one: keep it for the
+    task (``interop.push.configure``). A refusal is invalid params naming ``prefix`` + the field."""
+    fields = push.fields_of(config, str(task.id) if task else "task-id")
+    try:
+        if task is None:
+            push.check_config(**fields)
+            return None
+        return push.configure(task, created_by=call.user, **fields)
+    except push.ConfigRefused as refused:
+        raise RpcError(Code.INVALID_PARAMS, str(refused), {"field": prefix + refused.field}) from None
+
+
 def send_message(call: Call) -> tuple[Task, a2a_pb2.SendMessageRequest]:
-    """What ``SendMessage`` and ``SendStreamingMessage`` share: the task the message started or answered."""
+    """What ``SendMessage`` and ``SendStreamingMessage`` share: the task the message started or answered,
+    and the push config of its ``configuration`` kept for that task (checked before anything is written)."""
     request = parse(call.params, a2a_pb2.SendMessageRequest())
     message = request.message
     if not request.HasField("message"):
@@ -406,9 +425,13 @@ def send_message(call: Call) -> tuple[Task, a2a_pb2.SendMessageRequest]:
         )
     if not message.parts:
         raise RpcError(Code.INVALID_PARAMS, "message.parts is empty.", {"field": "message.parts"})
-    if message.task_id:
-        return answer_task(call, message), request
-    return start_task(call, message, request.tenant), request
+    pushed = request.configuration.HasField("task_push_notification_config")
+    if pushed:
+        keep_push_config(call, request.configuration.task_push_notification_config, prefix=PUSH_FIELD)
+    task = answer_task(call, message) if message.task_id else start_task(call, message, request.tenant)
+    if pushed:
+        keep_push_config(call, request.configuration.task_push_notification_config, task, PUSH_FIELD)
+    return task, request
 
 
 @method("SendMessage")

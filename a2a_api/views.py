@@ -20,7 +20,7 @@ from django.views.decorators.http import require_GET, require_POST
 from google.protobuf import json_format
 from rest_framework.exceptions import Throttled
 
-from a2a_api import methods  # noqa: F401  (registers the methods: rpc.METHODS is whole from here on)
+from a2a_api import methods, push_methods  # noqa: F401  (register the methods: rpc.METHODS is whole from here on)
 from a2a_api.card import PROTOCOL_VERSION, agent_card
 from a2a_api.rpc import METHODS, Call, Code, RpcError
 from config.throttling import WrongTokenThrottle

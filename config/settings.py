@@ -416,6 +416,8 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Archive and delete ended tasks by their tenants' policies (protection/retention.py), daily.
     "retention": {"task": "tasks.retention", "schedule": env.float("RETENTION_INTERVAL", default=86400.0)},
+    # Send the A2A push notifications that are due (interop/push.py; run_worker --sweep does it too).
+    "a2a-push": {"task": "interop.push_deliver", "schedule": env.float("A2A_PUSH_INTERVAL", default=2.0)},
 }
 CELERY_BEAT_SCHEDULE_FILENAME = env.str(
     "CELERY_BEAT_SCHEDULE_FILENAME", default=str(VAR_DIR / "celerybeat-schedule")
@@ -431,6 +433,8 @@ A2A_PUSH_BACKOFF_BASE = env.float("A2A_PUSH_BACKOFF_BASE", default=1.0)
 A2A_PUSH_BACKOFF_CAP = env.float("A2A_PUSH_BACKOFF_CAP", default=300.0)
 # Timeout of one POST to a receiver (seconds; connect and read).
 A2A_PUSH_TIMEOUT = env.float("A2A_PUSH_TIMEOUT", default=5.0)
+# Seconds between two sending rounds (beat's "a2a-push" above, and run_worker --sweep's sender).
+A2A_PUSH_INTERVAL = CELERY_BEAT_SCHEDULE["a2a-push"]["schedule"]
 LEASE_TTL_SECONDS = env.float("LEASE_TTL_SECONDS", default=30.0)
 # Tasks one run_worker process keeps in flight (threads; see runtime/loop.py), and the database
 # connections they share: a slot holds one only while it talks to the database, not while it

@@ -43,6 +43,7 @@ from console.posting import Done, Refusal, form_post
 from console.quarantine import BEFORE_RELEASE
 from ledger import integrity
 from protection import retention, reveal
+from reads.task_a2a import read_task_a2a
 from reads.task_detail import Sections, TaskDetail, read_task_detail
 from runtime import controls
 from tasks import checkpoints, compensation, registry, selectors, services
@@ -677,6 +678,7 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         "actions_cap": ACTIONS_SHOWN,
         "approvals": detail.approvals,
         "agent_turns": detail.agent_turns,
+        "a2a": read_task_a2a(task),  # its A2A caller and push deliveries (one query)
         "turns_cap": TURNS_SHOWN,
         "takeovers": detail.takeovers,
         "trace_links": _trace_links(task, latest),

@@ -11,9 +11,10 @@ steps, both safe to run in any number of processes at once and to kill at any po
    later change waits until the earlier one is delivered or given up) whose ``next_attempt_at`` came,
    by pushing ``next_attempt_at`` past the send's timeout in a short transaction (a lease, so no
    row lock is held across the network); then screen the URL again (``interop.ssrf``: DNS rebinding),
-   POST, and record the outcome. A 2xx is delivered; anything else is retried after
-   ``min(cap, base * 2**(attempts-1))`` seconds plus up to 50 % jitter, and after
-   ``A2A_PUSH_MAX_ATTEMPTS`` marked failed (``runtime.alerts`` raises ``push_receiver_failing``).
+   POST (a plain-http URL to the very address screened: ``pinned``), and record the outcome. A 2xx
+   is delivered; anything else is retried after ``min(cap, base * 2**(attempts-1))`` seconds plus
+   up to 50 % jitter, and after ``A2A_PUSH_MAX_ATTEMPTS`` marked failed (the ``runtime.alerts`` scan
+   then raises ``push_receiver_failing``).
    A worker killed after the POST and before the record sends it again: at least once, never at
    most once; the receiver deduplicates.
 
@@ -26,6 +27,12 @@ What is POSTed (``Content-Type: application/json``): ProtoJSON of an A2A ``Strea
 - ``X-Push-Signature``: ``sha256=<hex HMAC-SHA256 of the raw body, keyed with the token>``; a receiver
   recomputes it over the bytes it received and compares in constant time (``verify_signature``);
 - ``Authorization: <scheme> <credentials>`` when the config carries authentication.
+
+A config without a token gets neither the token nor the signature header (an HMAC keyed with nothing
+proves nothing). ``configure`` is how a caller's config is made (the A2A methods, ``SendMessage``'s
+``configuration``): every field checked (``ConfigRefused`` names the one at fault), at most
+``MAX_CONFIGS_PER_TASK`` live configs per task, the same id again replaces the config (or keeps it,
+when nothing changed: a retried request acts once).
 """
 
 from __future__ import annotations
@@ -35,16 +42,18 @@ import hmac
 import json
 import logging
 import random
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from a2a.types import a2a_pb2
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Exists, F, OuterRef
+from django.db import IntegrityError, transaction
+from django.db.models import Exists, F, OuterRef, QuerySet
 from django.utils import timezone
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
@@ -70,6 +79,107 @@ def secret_place(config_id: uuid.UUID | str, name: str) -> sealing.Place:
     return ("push", str(config_id), name)
 
 
+MAX_CONFIGS_PER_TASK = 10  # live ones: a caller cannot make one status change a thousand POSTs
+MAX_CONFIG_ID = 200
+MAX_TOKEN = 1024
+MAX_CREDENTIALS = 4096
+# An HTTP token (RFC 9110): the scheme goes into the Authorization header as it is.
+SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]{0,63}")
+# Visible ASCII (and spaces inside): header values, so no CR/LF can split a header.
+HEADER_VALUE = re.compile(r"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?")
+
+
+class ConfigRefused(ValueError):
+    """A push config we will not keep; ``field`` is the A2A field at fault (``url``, ``token``…)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def check_config(*, config_id: str, url: str, token: str, auth_scheme: str, credentials: str) -> None:
+    """``ConfigRefused`` naming the first field a config may not have; the URL is screened (SSRF)."""
+    if not config_id or len(config_id) > MAX_CONFIG_ID or not HEADER_VALUE.fullmatch(config_id):
+        raise ConfigRefused("id", f"id must be 1 to {MAX_CONFIG_ID} visible ASCII characters")
+    try:
+        ssrf.screen(url)
+    except ssrf.UrlRefused as refused:
+        raise ConfigRefused("url", f"url refused ({refused.reason}): {refused}") from None
+    if token and (len(token) > MAX_TOKEN or not HEADER_VALUE.fullmatch(token)):
+        raise ConfigRefused("token", f"token must be at most {MAX_TOKEN} visible ASCII characters")
+    if auth_scheme and not SCHEME.fullmatch(auth_scheme):
+        raise ConfigRefused("authentication.scheme", "authentication.scheme must be an HTTP auth scheme name")
+    if credentials and (len(credentials) > MAX_CREDENTIALS or not HEADER_VALUE.fullmatch(credentials)):
+        raise ConfigRefused(
+            "authentication.credentials",
+            f"authentication.credentials must be at most {MAX_CREDENTIALS} visible ASCII characters",
+        )
+    if bool(auth_scheme) != bool(credentials):
+        raise ConfigRefused("authentication", "authentication needs both scheme and credentials")
+
+
+def fields_of(config: a2a_pb2.TaskPushNotificationConfig, task_id: str) -> dict[str, str]:
+    """An A2A ``TaskPushNotificationConfig`` as ``configure``'s fields (no id: the task's id)."""
+    return {
+        "config_id": config.id or task_id,
+        "url": config.url,
+        "token": config.token,
+        "auth_scheme": config.authentication.scheme,
+        "credentials": config.authentication.credentials,
+    }
+
+
+def live_configs(task: Task) -> QuerySet[PushConfig]:
+    return PushConfig.objects.filter(task=task, deleted_at__isnull=True).order_by("config_id")
+
+
+def configure(
+    task: Task,
+    *,
+    config_id: str,
+    url: str,
+    token: str = "",
+    auth_scheme: str = "",
+    credentials: str = "",
+    created_by: Any = None,
+) -> PushConfig:
+    """The caller's config ``config_id`` for ``task`` (module docstring); ``ConfigRefused``.
+
+    Two callers creating configs at once may pass the cap together by one each: the cap bounds
+    abuse, it is not an invariant anything relies on."""
+    check_config(config_id=config_id, url=url, token=token, auth_scheme=auth_scheme, credentials=credentials)
+    try:
+        with transaction.atomic():
+            same = live_configs(task).filter(config_id=config_id).select_for_update().first()
+            if same is not None:
+                unchanged = (same.url, same.auth_scheme, secret(same, "token"), secret(same, "credentials"))
+                if unchanged == (url, auth_scheme, token, credentials):
+                    return same
+                PushConfig.objects.filter(pk=same.pk).update(deleted_at=timezone.now())
+            elif live_configs(task).count() >= MAX_CONFIGS_PER_TASK:
+                raise ConfigRefused(
+                    "taskId", f"the task has {MAX_CONFIGS_PER_TASK} push configs already: delete one first"
+                )
+            return _create(task, config_id, url, token, auth_scheme, credentials, created_by)
+    except IntegrityError:  # the same id created at this very moment by another request
+        raise ConfigRefused("id", "a config with this id was created at the same moment: read it") from None
+
+
+def delete_config(task: Task, config_id: str) -> bool:
+    """End the live config ``config_id`` (its deliveries are kept, none new is sent); False when the
+    task never had a config of that id (deleting one deleted before is done already: True)."""
+    ended = live_configs(task).filter(config_id=config_id).update(deleted_at=timezone.now())
+    return bool(ended) or PushConfig.objects.filter(task=task, config_id=config_id).exists()
+
+
+def masked_token(token: str) -> str:
+    """What we show of a token: never all of it; its last four characters when it is long enough
+    (16+) that they give nothing away, so its owner can tell which one it is."""
+    if not token:
+        return ""
+    return "****" + token[-4:] if len(token) >= 16 else "****"
+
+
 def create_config(
     task: Task,
     *,
@@ -85,6 +195,12 @@ def create_config(
     The first delivery is the task's current status (the cursor starts one version back), so a
     receiver learns where the task stands before it hears of the next change."""
     ssrf.screen(url)
+    return _create(task, config_id, url, token, auth_scheme, credentials, created_by)
+
+
+def _create(
+    task: Task, config_id: str, url: str, token: str, auth_scheme: str, credentials: str, created_by: Any
+) -> PushConfig:
     pk = uuid.uuid4()
     secrets = {"token": sealing.seal(token, secret_place(pk, "token"))}
     if credentials:
@@ -215,6 +331,21 @@ def _claim(limit: int, now: datetime) -> list[PushDelivery]:
     return rows
 
 
+def pinned(screened: ssrf.Screened) -> tuple[str, dict[str, str]]:
+    """(URL, extra headers) that send to the address the screen judged, not to a second lookup of the
+    name, which a hostile DNS server could answer with 127.0.0.1 (rebinding): for plain http, the
+    URL's host becomes that address and ``Host`` keeps the name. An https URL keeps its name: the
+    receiver must then show a certificate for it, which an internal service reached by rebinding
+    cannot. An allow-listed host is the operator's, sent to as it is."""
+    if screened.scheme != "http" or screened.allow_listed or not screened.addresses:
+        return screened.url, {}
+    address = screened.addresses[0]
+    parts = urlsplit(screened.url)
+    literal = f"[{address}]" if ":" in address else address
+    url = urlunsplit(("http", f"{literal}:{screened.port}", parts.path, parts.query, ""))
+    return url, {"Host": parts.netloc}
+
+
 @dataclass(frozen=True)
 class Outcome:
     delivered: bool
@@ -231,23 +362,21 @@ def _send(delivery: PushDelivery) -> Outcome:
         A2AMessage.objects.filter(task_id=task.id).order_by("id").values_list("context_id", flat=True).first()
     ) or str(task.id)
     try:
-        ssrf.screen(config.url)  # again at send time: the name may resolve elsewhere today
+        screened = ssrf.screen(config.url)  # again at send time: the name may resolve elsewhere today
     except ssrf.UrlRefused as refused:
         return Outcome(False, None, f"refused: {refused}", final=True)
+    url, host = pinned(screened)
     body = body_of(status_update(task, event, context_id))
     token = secret(config, "token")
-    headers = {
-        "Content-Type": "application/json",
-        TOKEN_HEADER: token,
-        IDEMPOTENCY_HEADER: delivery.idempotency_id,
-        SIGNATURE_HEADER: signature(body, token),
-    }
+    headers = {"Content-Type": "application/json", IDEMPOTENCY_HEADER: delivery.idempotency_id, **host}
+    if token:
+        headers.update({TOKEN_HEADER: token, SIGNATURE_HEADER: signature(body, token)})
     credentials = secret(config, "credentials")
     if config.auth_scheme and credentials:
         headers["Authorization"] = f"{config.auth_scheme} {credentials}"
     try:
         response = http.client().post(
-            config.url,
+            url,
             content=body,
             headers=headers,
             timeout=settings.A2A_PUSH_TIMEOUT,

@@ -11,7 +11,8 @@ truth) and the words of its cause. Per kind the scan
    ``state_version`` except an escalation (a self-loop that hands the task to
    someone, not progress: the reconciler escalates an overdue unknown outcome
    at the very age that raises its alert, and re-raising it would bury the
-   acknowledgement under a duplicate);
+   acknowledgement under a duplicate). A failing A2A push receiver is trouble
+   outside the task: only its condition clears it, not the task's progress;
 2. raises an alert for every task meeting the condition that has no open alert
    of that kind: one ``INSERT … SELECT … ON CONFLICT DO NOTHING``, so the work
    is set-based at any table size, and two scans racing insert once (the
@@ -56,6 +57,7 @@ from django.http import Http404
 from django.utils import timezone
 
 from audit.models import TransitionEvent
+from interop.models import PushDelivery
 from ledger import integrity
 from ledger.models import OrphanEffect, OrphanStatus
 from runtime.models import Alert, AlertKind, AlertNote
@@ -84,6 +86,9 @@ class Rule:
 
     condition: Q
     cause: Expression
+    # Whether the task's next transition clears it: the task's own trouble, which progress ends. Not for
+    # trouble outside the task (a push receiver), which the task's progress says nothing about.
+    progress_clears: bool = True
 
 
 def _words(*parts: str | F) -> Expression:
@@ -195,6 +200,29 @@ def effect_digest_mismatch(now: datetime) -> Rule:
     )
 
 
+def push_receiver_failing(now: datetime) -> Rule:
+    """A live A2A push config of the task gave a status change up (``A2A_PUSH_MAX_ATTEMPTS`` failed
+    attempts, or its URL refused at send time: ``interop.push``) and has delivered no later one: the
+    caller's receiver is down or refusing. Cleared when it takes a later change or the config is deleted."""
+    recovered = PushDelivery.objects.filter(
+        config_id=OuterRef("config_id"),
+        status=PushDelivery.Status.DELIVERED,
+        state_version__gt=OuterRef("state_version"),
+    )
+    failing = PushDelivery.objects.filter(
+        task_id=OuterRef("pk"), status=PushDelivery.Status.FAILED, config__deleted_at__isnull=True
+    ).filter(~Exists(recovered))
+    return Rule(
+        Q(Exists(failing)),
+        _words(
+            "an A2A push receiver of this task keeps failing: a status change was given up after "
+            f"{settings.A2A_PUSH_MAX_ATTEMPTS} attempts (see the task page's push deliveries); "
+            "its caller is not hearing of the task"
+        ),
+        progress_clears=False,
+    )
+
+
 CLASSIFIERS: dict[AlertKind, Callable[[datetime], Rule]] = {
     AlertKind.NO_LIVE_LEASE: no_live_lease,
     AlertKind.WAIT_PAST_DEADLINE: wait_past_deadline,
@@ -202,6 +230,7 @@ CLASSIFIERS: dict[AlertKind, Callable[[datetime], Rule]] = {
     AlertKind.QUARANTINE_OVERDUE: quarantine_overdue,
     AlertKind.CANCEL_UNCONFIRMED: cancel_unconfirmed,
     AlertKind.EFFECT_DIGEST_MISMATCH: effect_digest_mismatch,
+    AlertKind.PUSH_RECEIVER_FAILING: push_receiver_failing,
 }
 
 
@@ -238,14 +267,16 @@ def scan(*, now: datetime | None = None) -> ScanReport:
 
 
 def _clear(kind: AlertKind, rule: Rule, now: datetime) -> int:
-    """One UPDATE: the open alerts of ``kind`` whose task left the condition or moved on."""
+    """One UPDATE: the open alerts of ``kind`` whose task left the condition or (``progress_clears``)
+    moved on."""
     holds = Task.objects.filter(rule.condition, pk=OuterRef("task_id"))
     moved = TransitionEvent.objects.filter(
         task_id=OuterRef("task_id"), state_version__gt=OuterRef("state_version")
     ).exclude(trigger=Trigger.ESCALATE)
+    gone = ~Exists(holds) | Exists(moved) if rule.progress_clears else ~Exists(holds)
     return (
         Alert.objects.filter(kind=kind, cleared_at__isnull=True, task__isnull=False)
-        .filter(~Exists(holds) | Exists(moved))
+        .filter(gone)
         .update(cleared_at=now)
     )
 

@@ -104,6 +104,7 @@ class AlertKind(models.TextChoices):
     EFFECT_DIGEST_MISMATCH = "effect_digest_mismatch", "effect not as intended, held unsent"
     # Of a tenant, not a task: effects a system holds that no ledger row explains (``manage.py recover``).
     ORPHAN_EFFECTS_OPEN = "orphan_effects_open", "effects found after a restore, unexplained"
+    PUSH_RECEIVER_FAILING = "push_receiver_failing", "A2A push receiver keeps failing"
 
 
 class Alert(models.Model):

@@ -24,7 +24,7 @@ from celery.worker.request import Request
 from django.conf import settings
 from django.db import DatabaseError
 
-from runtime import alerts, bulk, heartbeats, reconcile, reconnect, runner, sweep
+from runtime import alerts, bulk, heartbeats, pushes, reconcile, reconnect, runner, sweep
 from tasks import doorbell, leases, liveness
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,13 @@ def reconcile_unknown() -> int:
 def alerts_scan() -> dict[str, int]:
     """Raise and clear alerts (``runtime.alerts.scan``); a lost tick is made up by the next one."""
     return alerts.scan().as_dict()
+
+
+@shared_task(name="interop.push_deliver")
+def push_deliver() -> int:
+    """Send the A2A push notifications that are due (``runtime.pushes``); beat rings it every
+    ``A2A_PUSH_INTERVAL`` seconds, and ticks that overlap share the work (each delivery is leased)."""
+    return pushes.send_due()
 
 
 @shared_task(name="runtime.bulk_run")

@@ -159,3 +159,12 @@ def test_enqueue_twice_writes_each_delivery_once(acme, receiver) -> None:
     push.create_config(task, config_id="c1", url=receiver.url, token="t")
     assert push.enqueue(now=timezone.now()) == 1
     assert push.enqueue() == 0
+
+
+def test_a_config_without_a_token_is_sent_unsigned(acme, receiver) -> None:
+    task = _lookup(acme)
+    push.create_config(task, config_id="c1", url=receiver.url)
+    _drain()
+    headers = receiver.unique()[0].headers
+    assert push.SIGNATURE_HEADER not in headers and push.TOKEN_HEADER not in headers
+    assert headers[push.IDEMPOTENCY_HEADER] == push.idempotency_id(task.id, task.state_version)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 from django.test import override_settings
 
-from interop import ssrf
+from interop import push, ssrf
+from interop.models import PushDelivery
+from tests.a2a.push_receiver import Receiver
+from tests.conftest import make_task
 
 
 def _resolves_to(*addresses: str) -> ssrf.Resolver:
@@ -88,3 +91,25 @@ def test_allow_list_is_exact_not_a_suffix_or_other_address() -> None:
     for url in ("http://10.0.0.1/", "http://127.0.0.2/"):
         with pytest.raises(ssrf.UrlRefused):
             ssrf.screen(url)
+
+
+@pytest.mark.django_db
+def test_the_send_goes_to_the_address_screened_not_to_a_second_lookup(acme, monkeypatch, settings) -> None:
+    """DNS rebinding: the name passed the screen; a second lookup at connect time could name anything.
+    The sender connects to the screened address, with the name in ``Host``. (The name here resolves
+    only through the screen's resolver: re-resolved by the HTTP client, the send would fail.)"""
+    settings.A2A_PUSH_ALLOWED_HOSTS = []
+    receiver = Receiver().start()
+    try:
+        port = receiver.url.split(":")[2].split("/")[0]
+        monkeypatch.setattr(
+            ssrf, "resolve", lambda host, port: ["127.0.0.1"] if host == "rebind.test" else []
+        )
+        monkeypatch.setattr(ssrf, "address_refusal", lambda text: None)  # as if 127.0.0.1 were public
+        task = make_task(acme)
+        push.create_config(task, config_id="c", url=f"http://rebind.test:{port}/hook?x=1", token="t")
+        push.deliver_due()
+        assert PushDelivery.objects.get(task=task).status == "delivered"
+        assert receiver.received[0].headers["Host"] == f"rebind.test:{port}"
+    finally:
+        receiver.stop()

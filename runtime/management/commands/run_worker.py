@@ -4,7 +4,9 @@ Each round (``runtime.loop``):
 
 1. (with ``--sweep``) end overdue waits and expire late tasks of ``--region``, reconcile its unknown outcomes,
    and every ``ALERT_SCAN_INTERVAL`` seconds raise and clear alerts (``runtime.alerts``);
-   advance a queued bulk operation (``runtime.bulk``);
+   advance a queued bulk operation (``runtime.bulk``); and, in a thread of its own so a slow receiver
+   never holds the tasks up, send the A2A push notifications due every ``A2A_PUSH_INTERVAL`` seconds
+   (``runtime.pushes``; inline in the round on SQLite, which takes one writer at a time);
 2. claim as many runnable tasks of ``--region`` as there are free slots
    (``--concurrency``, default ``WORKER_CONCURRENCY``) and run each in a slot
    thread until it waits or ends; sleep ``--idle`` seconds when nothing was done;
@@ -32,7 +34,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from approvals import services as approvals
 from config import metrics, otel
-from runtime import alerts, bulk, db, reconcile, sweep
+from runtime import alerts, bulk, db, pushes, reconcile, sweep
 from runtime.loop import Loop
 from runtime.workers import worker_id
 from tasks import liveness
@@ -95,10 +97,14 @@ class Command(BaseCommand):
             return stopping or bool(max_seconds and time.monotonic() - started > max_seconds)
 
         alerts_every = settings.CELERY_BEAT_SCHEDULE["alerts-scan"]["schedule"]
-        alerts_due = 0.0
+        alerts_due = pushes_due = 0.0
+        sender = pushes.PushSender(me, should_stop) if with_sweep and pooled else None
 
         def chores() -> int:
-            nonlocal alerts_due
+            nonlocal alerts_due, pushes_due
+            if with_sweep and sender is None and time.monotonic() >= pushes_due:
+                pushes.send_due()
+                pushes_due = time.monotonic() + settings.A2A_PUSH_INTERVAL
             if with_sweep:
                 # This loop polls: no doorbell needed. Only this worker's region: never another's tasks.
                 sweep.sweep(lambda task_id, task_region: None, region=region)
@@ -112,9 +118,14 @@ class Command(BaseCommand):
 
         loop = Loop(me, region, concurrency, ttl, idle=idle, drain=drain, chores=chores)
         self.stdout.write(f"worker {me} region={region} concurrency={concurrency} lease={lease_ttl}s")
+        if sender is not None:
+            sender.start()
         try:
             drained = loop.run(should_stop=should_stop, once=once)
         finally:
+            stopping = True  # the push sender too, when the loop ended by itself (--once, --max-seconds)
+            if sender is not None:
+                sender.join(settings.A2A_PUSH_TIMEOUT + 1)
             liveness.stop()
         if not drained:
             # Slots still waiting on the outside world: leave without them (their threads would hold
