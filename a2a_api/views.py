@@ -3,7 +3,9 @@
 Thin: the request is checked in the order a caller can act on (size, JSON, the JSON-RPC envelope, the
 ``A2A-Version`` header, the token and its ``integrate`` scope, the method, values PostgreSQL cannot
 hold), then one handler from ``rpc.METHODS`` runs. Every refusal is a JSON-RPC error object; an
-unexpected exception is logged and answered ``-32603`` with no detail, never a 500 page.
+unexpected exception is logged and answered ``-32603`` with no detail, never a 500 page. A streaming
+method (``a2a_api.stream``) answers with its server-sent events response, passed through as it is;
+whatever it refuses before the stream starts is a JSON-RPC error like any other.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.http.request import RawPostDataException
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 from google.protobuf import json_format
 
-from a2a_api import methods  # noqa: F401  (registers the methods: rpc.METHODS is whole from here on)
+from a2a_api import methods, stream  # noqa: F401  (register the methods: rpc.METHODS is whole from here)
 from a2a_api.card import PROTOCOL_VERSION, agent_card
 from a2a_api.rpc import METHODS, Call, Code, RpcError
 from tasks import values
@@ -133,7 +135,7 @@ def _authenticate(request: HttpRequest) -> Any:
 
 @csrf_exempt
 @require_POST
-def rpc_view(request: HttpRequest) -> HttpResponse:
+def rpc_view(request: HttpRequest) -> HttpResponseBase:
     """POST /a2a/ — one JSON-RPC 2.0 request of A2A v1.0."""
     request_id: Any = None
     try:
@@ -163,10 +165,13 @@ def rpc_view(request: HttpRequest) -> HttpResponse:
         return _answer(refused.request_id, error=refused.error)
     except RpcError as error:
         status = int(error.data.pop("http_status", 200))
-        return _answer(request_id, error=error, status=status)
+        answer = _answer(request_id, error=error, status=status)
+        if "retry_after" in error.data:  # a busy server (too many streams open): when to come back
+            answer["Retry-After"] = str(error.data["retry_after"])
+        return answer
     except Exception:
         logger.exception("A2A request failed", extra={"rpc_id": str(request_id)})
         return _answer(request_id, error=RpcError(Code.INTERNAL_ERROR, "Internal error (logged)."))
-    if isinstance(outcome, HttpResponse):
+    if isinstance(outcome, HttpResponseBase):  # a stream (StreamingHttpResponse)
         return outcome
     return _answer(request_id, result=outcome)
