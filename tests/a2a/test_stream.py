@@ -23,6 +23,7 @@ import httpx
 import pytest
 from a2a.client import ClientCallContext, ClientConfig, create_client
 from a2a.types import a2a_pb2
+from django.db import connection
 from django.utils import timezone
 
 from a2a_api import stream
@@ -64,6 +65,8 @@ def move(task_id, to_state: str, *, actor: Actor = WORKER, **options) -> Task:
     return advance(task.id, task.state_version, to_state, actor=actor, **options)
 
 
+# Transitions run in the test's thread, inside the client's event loop (the server is another thread or
+# process): each is committed before the client reads on.
 # A life after ``ready`` v1: v2 … v6, each a real edge of the transition table.
 LIFE = [
     lambda t: move(t, State.READY, progress=progress("triage")),
@@ -80,7 +83,10 @@ async def streaming(base: str, key: str, body, *, transport: httpx.AsyncBaseTran
         base_url=base, transport=transport, headers={"Authorization": f"Bearer {key}"}, timeout=30
     ) as http:
         client = await create_client(base, client_config=ClientConfig(httpx_client=http, streaming=True))
-        return await asyncio.wait_for(body(client), timeout=60)
+        try:
+            return await body(client)  # a stream that holds its events back times out reading (30 s)
+        finally:
+            connection.close()  # the transitions made inside this event loop had a connection of their own
 
 
 def resume_from(version: int) -> ClientCallContext:
@@ -112,7 +118,7 @@ def test_a_subscription_receives_every_status_change_in_order_as_the_task_moves(
                 # events back (a buffering server) would never get here and time out.
                 done = len([e for e in got if not e.HasField("artifact_update")]) - 1
                 if done < len(LIFE):
-                    await asyncio.to_thread(LIFE[done], task.id)
+                    LIFE[done](task.id)
         return got
 
     got = asyncio.run(streaming(live, key, follow))
@@ -142,7 +148,7 @@ def test_a_dropped_stream_resumes_after_its_last_event_id_without_loss_or_repeat
         async for event in client.subscribe(a2a_pb2.SubscribeToTaskRequest(id=str(task.id))):
             versions.append(seen(event)[1])
             if len(versions) < 3:
-                await asyncio.to_thread(LIFE[len(versions) - 1], task.id)
+                LIFE[len(versions) - 1](task.id)
             else:
                 break  # the connection drops here, with v3 seen
         return versions
@@ -158,7 +164,7 @@ def test_a_dropped_stream_resumes_after_its_last_event_id_without_loss_or_repeat
         async for event in stream:
             got.append(seen(event))
             if got[-1][:2] == ("status_update", 5):
-                await asyncio.to_thread(LIFE[4], task.id)  # v6: completed, live
+                LIFE[4](task.id)  # v6: completed, live
         return got
 
     after = asyncio.run(streaming(live, key, resumed))
@@ -204,10 +210,10 @@ def test_send_streaming_message_starts_once_streams_until_input_is_required_and_
             got.append(event)
             task_id = got[0].task.id
             if len(got) == 1:
-                await asyncio.to_thread(move, task_id, State.READY, progress=progress("triage"))
+                move(task_id, State.READY, progress=progress("triage"))
             elif len(got) == 2:
-                await asyncio.to_thread(
-                    move, task_id, State.WAITING_INPUT, progress=progress("ask_customer"),
+                move(
+                    task_id, State.WAITING_INPUT, progress=progress("ask_customer"),
                     reason="Which item was damaged?", wait_deadline=timezone.now() + WAIT,
                 )  # fmt: skip
         again = [e async for e in client.send_message(request)]  # the same messageId: the same task
@@ -233,9 +239,9 @@ def test_send_streaming_message_starts_once_streams_until_input_is_required_and_
         async for event in client.send_message(a2a_pb2.SendMessageRequest(message=message)):
             got.append(seen(event))
             if len(got) == 1:
-                await asyncio.to_thread(move, task.id, State.READY, trigger=Trigger.PROCEED)
+                move(task.id, State.READY, trigger=Trigger.PROCEED)
             elif got[-1][1] == 5:
-                await asyncio.to_thread(move, task.id, State.COMPLETED, progress=progress("done"))
+                move(task.id, State.COMPLETED, progress=progress("done"))
         return got
 
     assert asyncio.run(streaming(live, key, answer)) == [
@@ -360,6 +366,7 @@ def gunicorn(transactional_db, tmp_path):
         "WEB_BIND": f"127.0.0.1:{port}",
         "WEB_WORKERS": "1",
         "WEB_GRACEFUL_TIMEOUT": "3",
+        "WEB_TIMEOUT": "2",  # gthread: a stream may outlast it (the worker, not the request, is watched)
         "A2A_STREAM_POLL_SECONDS": "0.5",
         "LOG_LEVEL": "ERROR",
     }
