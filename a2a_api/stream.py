@@ -39,7 +39,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -245,7 +245,7 @@ class TaskStream:
 
     # -- the loop --
 
-    def steps(self) -> Iterator[bytes | float]:
+    def steps(self) -> Generator[bytes | float, None, None]:
         """What to send (bytes) and how long to sleep (float), until the stream ends."""
         limit = settings.A2A_STREAM_MAX_SECONDS
         yield self.opening or comment(f"resuming after version {self.after}")
@@ -285,10 +285,10 @@ class TaskStream:
     async def __aiter__(self) -> AsyncIterator[bytes]:
         steps = self.steps()
         # Thread-sensitive: every poll runs on the request's own thread, as under WSGI.
-        advance = sync_to_async(next, thread_sensitive=True)
+        advance = sync_to_async(_next_step, thread_sensitive=True)
         try:
             while True:
-                step = await advance(steps, None)
+                step = await advance(steps)
                 if step is None:
                     return
                 if isinstance(step, float):
@@ -302,6 +302,10 @@ class TaskStream:
                 pass
 
 
+def _next_step(steps: Iterator[bytes | float]) -> bytes | float | None:
+    return next(steps, None)
+
+
 class EventStreamResponse(StreamingHttpResponse):
     """``stream`` as ``text/event-stream``: iterated by a WSGI server, or asynchronously under ASGI
     (Django would otherwise read a synchronous iterator to its end before sending anything)."""
@@ -309,13 +313,19 @@ class EventStreamResponse(StreamingHttpResponse):
     def __init__(self, stream: TaskStream) -> None:
         super().__init__(iter(stream), content_type=CONTENT_TYPE)
         self.stream = stream
-        self._resource_closers.append(stream.close)
         self["Cache-Control"] = "no-store"
         self["X-Accel-Buffering"] = "no"  # nginx: pass each event on as it comes
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:  # type: ignore[override]
+    async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self.stream:
             yield chunk
+
+    def close(self) -> None:
+        """The server closes every response it began, however it ended: the stream's slot goes back."""
+        try:
+            super().close()
+        finally:
+            self.stream.close()
 
 
 # --- the two methods ---------------------------------------------------------------------------
