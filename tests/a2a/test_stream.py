@@ -31,6 +31,8 @@ from tasks.models import Task
 from tasks.services import seal_outcome
 from tasks.states import State, Trigger
 from tasks.transitions import Actor, advance
+from tenancy.models import ApiToken
+from tenancy.services import token_revoke
 from tests.a2a.test_jsonrpc import BASE, data_message, key_for, rpc
 from tests.conftest import REFUND_INPUT, make_task, progress
 from tests.workflow import ROOT, database_url, sessions_named
@@ -180,6 +182,24 @@ def test_a_dropped_stream_resumes_after_its_last_event_id_without_loss_or_repeat
         return [seen(event) async for event in stream]
 
     assert asyncio.run(streaming(live, key, once_more)) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_token_revoked_mid_stream_gets_no_further_event(live, acme):
+    key = key_for(acme)
+    task = make_task(acme)
+
+    async def follow(client):
+        got = []
+        with pytest.raises(Exception) as ended:
+            async for event in client.subscribe(a2a_pb2.SubscribeToTaskRequest(id=str(task.id))):
+                got.append(seen(event))
+                token_revoke(ApiToken.objects.get())
+                LIFE[0](task.id)  # v2 happens after the revocation: it must not reach this caller
+        return got, type(ended.value).__name__
+
+    got, error = asyncio.run(streaming(live, key, follow))
+    assert got == [("task", 1, State.READY)] and error == "TaskNotFoundError"
 
 
 @pytest.mark.django_db(transaction=True)
