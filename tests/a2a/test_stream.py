@@ -3,9 +3,9 @@ server: each status change of a task arrives as it happens, in order, from the t
 dropped stream resumes with ``Last-Event-ID`` without loss or repeat.
 
 The client runs against pytest-django's live server (a threaded WSGI server that sends each chunk as it
-is written) and, once, against gunicorn with the production ``gthread`` configuration. httpx's
-in-process ASGI transport collects a whole body before returning it, so it serves only the checks where
-the stream ends by itself (a finished task, a refusal).
+is written); raw SSE is read once from gunicorn with the production ``gthread`` configuration and once
+from uvicorn serving the ASGI application. httpx's in-process ASGI transport collects a whole body before
+returning it, so it serves only the checks where the stream ends by itself (a finished task, a refusal).
 """
 
 from __future__ import annotations
@@ -361,7 +361,7 @@ def test_a_process_serves_at_most_its_stream_limit_and_answers_503_beyond(live, 
             time.sleep(0.1)
 
 
-# --- over gunicorn --------------------------------------------------------------------------------------
+# --- over real servers: gunicorn (production) and uvicorn (the ASGI application) --------------------------
 
 
 def _free_port() -> int:
@@ -370,9 +370,16 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.fixture
-def gunicorn(transactional_db, tmp_path):
-    """gunicorn with deploy/gunicorn.conf.py (gthread), on a database URL naming its sessions."""
+SERVERS = {
+    "gunicorn": ["gunicorn", "-c", "deploy/gunicorn.conf.py", "config.wsgi:application"],
+    "uvicorn": ["uvicorn", "config.asgi:application", "--log-level", "warning"],
+}
+
+
+@pytest.fixture(params=sorted(SERVERS))
+def server(request, transactional_db, tmp_path):
+    """gunicorn with deploy/gunicorn.conf.py (gthread), or uvicorn serving config.asgi, on a database URL
+    naming its sessions."""
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     env = {
@@ -390,10 +397,11 @@ def gunicorn(transactional_db, tmp_path):
         "A2A_STREAM_POLL_SECONDS": "0.5",
         "LOG_LEVEL": "ERROR",
     }
-    log_path = tmp_path / "gunicorn.log"
+    log_path = tmp_path / "server.log"
+    command = SERVERS[request.param] + (["--port", str(port)] if request.param == "uvicorn" else [])
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py", "config.wsgi:application"],
+            [sys.executable, "-m", *command],
             cwd=ROOT,
             env=env,
             stdout=log,
@@ -407,7 +415,7 @@ def gunicorn(transactional_db, tmp_path):
                     httpx.get(f"{base}/healthz", timeout=2)
                     break
                 except httpx.TransportError:
-                    assert time.monotonic() < deadline, "gunicorn did not answer within 60 s"
+                    assert time.monotonic() < deadline, f"{request.param} did not answer within 60 s"
                     time.sleep(0.2)
             yield base
         finally:
@@ -428,12 +436,12 @@ def _frames(lines):
             frame[name] = json.loads(value) if name == "data" else value
 
 
-def test_over_gunicorn_each_event_is_delivered_as_it_happens_holding_no_database_session(gunicorn, acme):
+def test_over_a_real_server_each_event_is_delivered_as_it_happens_holding_no_database_session(server, acme):
     key = key_for(acme)
     task = make_task(acme)
     body = {"jsonrpc": "2.0", "id": "g-1", "method": "SubscribeToTask", "params": {"id": str(task.id)}}
     headers = {"A2A-Version": "1.0", "Authorization": f"Bearer {key}"}
-    with httpx.Client(base_url=gunicorn, headers=headers, timeout=30) as http:
+    with httpx.Client(base_url=server, headers=headers, timeout=30) as http:
         with http.stream("POST", "/a2a/", json=body) as response:
             assert response.status_code == 200
             assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
