@@ -395,6 +395,7 @@ def server(request, transactional_db, tmp_path):
         "WEB_GRACEFUL_TIMEOUT": "3",
         "WEB_TIMEOUT": "2",  # gthread: a stream may outlast it (the worker, not the request, is watched)
         "A2A_STREAM_POLL_SECONDS": "0.5",
+        "A2A_STREAM_MAX_OPEN": "1",
         "LOG_LEVEL": "ERROR",
     }
     log_path = tmp_path / "server.log"
@@ -465,3 +466,18 @@ def test_over_a_real_server_each_event_is_delivered_as_it_happens_holding_no_dat
                 assert update["metadata"]["state"] == Task.objects.get(pk=task.id).state
             assert frame["id"] == "6" and update["status"]["state"] == "TASK_STATE_COMPLETED"
             assert list(frames) == []  # and the response ended
+
+        # A caller that hangs up frees its thread and slot at the stream's next poll: the server sees the
+        # closed socket (gunicorn) or the disconnect (ASGI), well before heartbeats would fail to write.
+        waiting = make_task(acme)
+        body["params"]["id"] = str(waiting.id)
+        with http.stream("POST", "/a2a/", json=body) as response:
+            assert next(_frames(response.iter_lines()))["id"] == "1"
+        hung_up = time.monotonic()
+        while http.post("/a2a/", json={**body, "method": "GetTask"}).status_code == 200:
+            with http.stream("POST", "/a2a/", json=body) as again:
+                if again.status_code == 200:
+                    break
+            assert again.status_code == 503
+            time.sleep(0.1)
+        assert time.monotonic() - hung_up < 3.0  # two failed heartbeat writes alone would take 4 s
