@@ -54,11 +54,9 @@ from tasks.models import Task
 from tasks.selectors import roles_in
 from tasks.states import TERMINAL, ActorKind, State
 from tasks.transitions import Actor
-from tenancy.models import Role, Tenant
+from tenancy.models import FEED_ROLES, Role, Tenant
 from tenancy.selectors import tenants_for
 
-# Who may start and answer tasks over A2A in a tenant: the roles the REST API lets feed tasks.
-FEED_ROLES = (Role.OPERATOR, Role.ADMIN, Role.INTEGRATOR)
 MAX_MESSAGE_ID = 190  # the task's idempotency key is "a2a:<messageId>" (200 characters at most)
 MAX_OBJECTIVE = 5000
 MAX_ANSWER = 2000
@@ -247,8 +245,9 @@ def _record(
     task: Task,
     context_id: str,
     digest: str,
-) -> None:
-    A2AMessage.objects.create(
+) -> A2AMessage:
+    """The (unsaved) idempotency record of ``message``: it commits with what the message did."""
+    return A2AMessage(
         tenant_id=tenant_id,
         message_id=message.message_id,
         kind=kind,
@@ -291,7 +290,7 @@ def start_task(call: Call, message: a2a_pb2.Message, tenant_slug: str) -> Task:
                 task=task,
                 context_id=message.context_id or str(task.id),
                 digest=digest,
-            )
+            ).save()
             return task
     except services.InvalidTaskInput as exc:
         raise RpcError(
@@ -340,44 +339,48 @@ def _answer_value(message: a2a_pb2.Message) -> str | int | float | bool:
 def answer_task(call: Call, message: a2a_pb2.Message) -> Task:
     """Answer the ``waiting_input`` of the message's task (or acknowledge this messageId again).
 
-    The answer commits through ``services.task_provide_input`` (its own transition); its
-    ``A2AMessage`` record follows in a second, short transaction."""
+    The answer and its ``A2AMessage`` record commit in one transition (``records=``): a crash
+    leaves both or neither, so a retry of the same messageId is either acknowledged or applied."""
     task = visible_task(call, message.task_id, "message.taskId")
     digest = _digest(message)
     earlier = _earlier([task.tenant_id], message, digest)
     if earlier is not None:
-        if earlier.task_id != task.id:
-            raise RpcError(
-                Code.INVALID_PARAMS, "This messageId belongs to another task.", {"field": "message.messageId"}
-            )
-        return Task.objects.get(pk=task.pk)
+        return _acknowledged(earlier, task)
     if not roles_in(call.user, task) & set(FEED_ROLES):
         raise RpcError(Code.TASK_NOT_FOUND, "No such task.", {"field": "message.taskId"})
     answer = _answer_value(message)
     if task.state != State.WAITING_INPUT:
         raise _not_waiting(task)
+    record = _record(
+        call,
+        tenant_id=task.tenant_id,
+        message=message,
+        kind=A2AMessage.Kind.ANSWER,
+        task=task,
+        context_id=wire.context_of(task),
+        digest=digest,
+    )
     try:
         services.task_provide_input(
             task,
             expected_version=task.state_version,
             answer=answer,
             actor=Actor.user(call.user, ActorKind.INTEGRATOR),
+            records=[record],
         )
     except (StaleVersion, TransitionNotAllowed):
+        earlier = _earlier([task.tenant_id], message, digest)  # the same messageId, answered meanwhile
+        if earlier is not None:
+            return _acknowledged(earlier, task)
         raise _not_waiting(Task.objects.get(pk=task.pk)) from None
-    try:
-        with transaction.atomic():
-            _record(
-                call,
-                tenant_id=task.tenant_id,
-                message=message,
-                kind=A2AMessage.Kind.ANSWER,
-                task=task,
-                context_id=wire.context_of(task),
-                digest=digest,
-            )
-    except IntegrityError:
-        pass  # the same messageId answered concurrently: recorded once
+    return Task.objects.select_related("tenant", "owner").get(pk=task.pk)
+
+
+def _acknowledged(earlier: A2AMessage, task: Task) -> Task:
+    if earlier.task_id != task.id:
+        raise RpcError(
+            Code.INVALID_PARAMS, "This messageId belongs to another task.", {"field": "message.messageId"}
+        )
     return Task.objects.select_related("tenant", "owner").get(pk=task.pk)
 
 

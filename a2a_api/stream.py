@@ -26,8 +26,8 @@ gets the end instead of an error).
 **Resources.** A stream holds no database connection and no transaction between polls: each poll
 (every ``A2A_STREAM_POLL_SECONDS``) reads the log in one short transaction and closes its connection.
 Under gunicorn's ``gthread`` workers it holds one thread of its process for its whole length; a
-process serves at most ``A2A_STREAM_MAX_OPEN`` streams at once (more: HTTP 503, a JSON-RPC error
-with ``data.retry_after``), so streams never take all of a process's ``WEB_THREADS``.
+process serves at most ``A2A_STREAM_MAX_OPEN`` streams at once (more: HTTP 503 with ``Retry-After``
+and a JSON-RPC error), so streams never take all of a process's ``WEB_THREADS``.
 """
 
 from __future__ import annotations

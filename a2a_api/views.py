@@ -20,10 +20,12 @@ from django.http.request import RawPostDataException
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 from google.protobuf import json_format
+from rest_framework.exceptions import Throttled
 
 from a2a_api import methods, stream  # noqa: F401  (register the methods: rpc.METHODS is whole from here)
 from a2a_api.card import PROTOCOL_VERSION, agent_card
 from a2a_api.rpc import METHODS, Call, Code, RpcError
+from config.throttling import WrongTokenThrottle
 from tasks import values
 from tenancy.models import Scope
 from tenancy.services import TokenRefused, token_authenticate
@@ -42,15 +44,20 @@ def agent_card_view(request: HttpRequest) -> HttpResponse:
     return response
 
 
-def _answer(
-    request_id: Any, *, result: Any = None, error: RpcError | None = None, status: int = 200
-) -> JsonResponse:
+def _answer(request_id: Any, *, result: Any = None, error: RpcError | None = None) -> JsonResponse:
+    """The JSON-RPC answer; an error may carry its HTTP status and ``Retry-After`` (popped from its data)."""
     body: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id}
+    status, retry_after = 200, None
     if error is not None:
+        status = int(error.data.pop("http_status", 200))
+        retry_after = error.data.pop("retry_after", None)
         body["error"] = error.as_error()
     else:
         body["result"] = result
-    return JsonResponse(body, status=status)
+    response = JsonResponse(body, status=status)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
 
 
 def _read_body(request: HttpRequest) -> bytes:
@@ -124,10 +131,21 @@ def _authenticate(request: HttpRequest) -> Any:
             "Authentication needed: Authorization: Bearer <API token>.",
             {"http_status": 401},
         )
+    # Wrong keys are counted per address with the REST API's (one budget, whichever surface guesses).
+    throttle = WrongTokenThrottle()
+    try:
+        throttle.count_attempt(request)
+    except Throttled as exc:
+        raise RpcError(
+            Code.INVALID_REQUEST,
+            "Too many wrong tokens from this address; try again later.",
+            {"http_status": 429, "retry_after": int(exc.wait or 1)},
+        ) from None
     try:
         token = token_authenticate(words[1])
     except TokenRefused as exc:
         raise RpcError(Code.INVALID_REQUEST, str(exc), {"http_status": 401}) from None
+    throttle.right_key()
     if Scope.INTEGRATE not in token.scope_set:
         raise RpcError(Code.INVALID_REQUEST, "This token needs the 'integrate' scope.", {"http_status": 403})
     return token
@@ -164,11 +182,7 @@ def rpc_view(request: HttpRequest) -> HttpResponseBase:
     except _WithId as refused:
         return _answer(refused.request_id, error=refused.error)
     except RpcError as error:
-        status = int(error.data.pop("http_status", 200))
-        answer = _answer(request_id, error=error, status=status)
-        if "retry_after" in error.data:  # a busy server (too many streams open): when to come back
-            answer["Retry-After"] = str(error.data["retry_after"])
-        return answer
+        return _answer(request_id, error=error)
     except Exception:
         logger.exception("A2A request failed", extra={"rpc_id": str(request_id)})
         return _answer(request_id, error=RpcError(Code.INTERNAL_ERROR, "Internal error (logged)."))

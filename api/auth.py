@@ -18,37 +18,15 @@ from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
-from rest_framework.exceptions import AuthenticationFailed, Throttled
+from rest_framework.exceptions import AuthenticationFailed
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 
-from api.throttling import AtomicRateThrottle, give_back
+from config.throttling import WrongTokenThrottle
 from tenancy.models import ApiToken, Scope
 from tenancy.services import TokenRefused, token_authenticate
 
 KEYWORDS = ("token", "bearer")
-
-
-class WrongTokenThrottle(AtomicRateThrottle):
-    """Wrong keys per client address, at the anonymous rate (``API_THROTTLE_ANON``).
-
-    Every key is counted before it is looked up and a right one is given back: counting only
-    after a lookup failed would let concurrent guesses all pass the check first.
-    """
-
-    scope = "anon"
-
-    def get_cache_key(self, request: Any, view: Any) -> str:
-        return self.cache_format % {"scope": "wrong_token", "ident": self.get_ident(request)}
-
-    def count_attempt(self, request: Any) -> None:
-        """429 when this address used up its wrong keys; else this key counts until ``right_key``."""
-        if not self.allow_request(request, None):
-            raise Throttled(wait=self.wait())
-
-    def right_key(self) -> None:
-        if self.taken is not None:
-            give_back(self.taken)
 
 
 class ApiTokenAuthentication(BaseAuthentication):

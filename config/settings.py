@@ -170,7 +170,7 @@ OTP_STATIC_THROTTLE_FACTOR = 1
 
 # The cache holds API throttle counters, which must be shared by every web process: set CACHE_URL
 # to Redis (redis://host:6379/1) or Memcached (pymemcache://host:11211). Unset, a per-process memory
-# cache: right for the one-process demo only. The counters are atomic increments (api.throttling);
+# cache: right for the one-process demo only. The counters are atomic increments (config.throttling);
 # the database and file caches increment by read-then-write, which concurrent callers pass together.
 CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}
 _NOT_ATOMIC = ("DatabaseCache", "FileBasedCache", "DummyCache")
@@ -214,9 +214,9 @@ REST_FRAMEWORK = {
     # Roles are checked by each view; a token is further held to its scopes (api.auth.TokenScopes).
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "api.auth.TokenScopes"],
     # 429 with Retry-After past these rates: per user, and per address for anonymous callers and
-    # for wrong tokens (api.auth). Counted atomically in the cache (api.throttling; CACHES: shared
+    # for wrong tokens (api.auth). Counted atomically in the cache (config.throttling; CACHES: shared
     # only when CACHE_URL is set).
-    "DEFAULT_THROTTLE_CLASSES": ["api.throttling.AnonRateThrottle", "api.throttling.UserRateThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["config.throttling.AnonRateThrottle", "config.throttling.UserRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {
         "anon": env.str("API_THROTTLE_ANON", default="60/min"),
         "user": env.str("API_THROTTLE_USER", default="600/min"),

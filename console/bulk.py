@@ -34,8 +34,6 @@ SAMPLE = 20
 RESULTS_SHOWN = 500
 LIST_PAGE = 50
 NEWEST = Keyset("before", ("-id",), (UUID,))  # past operations: ids are UUIDv7, time ordered
-# Not filters: the selection, the form and the paging travel beside them.
-NOT_FILTERS = ("ids", "target", "control", "reason", "scope", "escalate_to", "before", "after", "sort")
 
 
 class BulkForm(ConsoleForm):
@@ -50,15 +48,30 @@ class BulkForm(ConsoleForm):
     )
 
 
+# What an "everything matching" selection keeps of a request: the queue's filters and nothing else (not
+# the form, the paging, or the CSRF token a POST carries, which the report would show). A filter named
+# like a field of the form (the outcome ``reason``) travels through the preview under another name:
+# under its own, the operator's reason took its place and the selection lost that filter.
+CARRIED = {
+    key: f"filter_{key}" if key in BulkForm.base_fields else key for key in queue.TaskFilter.base_filters
+}
+
+
+def carried_filters(params: QueryDict) -> list[tuple[str, str]]:
+    """The queue's filters in ``params`` (as the queue names them), as the preview's fields name them."""
+    return [(CARRIED[key], value) for key in CARRIED for value in params.getlist(key) if value]
+
+
 def _selection(request: HttpRequest, params: QueryDict, target: str) -> tuple[QuerySet[Task], dict[str, Any]]:
     """The tasks the operator means, limited to tenants where they may operate; and how to record it."""
     operable = visibility.visible_tasks(request.user).filter(
         tenant_id__in=tenant_ids_for(request.user, OPERATE)
     )
     if target == "all":
-        filter_params = params.copy()
-        for key in NOT_FILTERS:
-            filter_params.pop(key, None)
+        filter_params = QueryDict(mutable=True)
+        for key, name in CARRIED.items():
+            if values := [value for value in params.getlist(name) if value]:
+                filter_params.setlist(key, values)
         filters = queue.TaskFilter(filter_params, queryset=operable, request=request)
         if not filters.is_valid():
             return operable.none(), {"query": filter_params.urlencode(), "invalid": True}
@@ -74,8 +87,8 @@ def _selection(request: HttpRequest, params: QueryDict, target: str) -> tuple[Qu
 
 def _filter_fields(params: QueryDict) -> list[tuple[str, str]]:
     """The selection, as hidden fields the confirmation posts back."""
-    return [(key, value) for key, values in params.lists() if key in ("ids",) or key not in NOT_FILTERS
-            for value in values]  # fmt: skip
+    ids = [("ids", value) for value in params.getlist("ids")[:MAX_IDS]]
+    return ids + [(name, value) for name in CARRIED.values() for value in params.getlist(name) if value]
 
 
 def _back(params: QueryDict, selection: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from django.views.decorators.http import require_safe
 from console.access import QUARANTINE_ROLES, tenant_ids_or_403
 from ledger import integrity
 from reads import quarantine
+from runtime import controls
 from tenancy.models import Role
 from tenancy.selectors import tenant_ids_for
 
@@ -95,7 +96,11 @@ def triage(request: HttpRequest) -> HttpResponse:
         else None,
         "release_checks": RELEASE_CHECKS,
         "before_release": BEFORE_RELEASE.get(code or "", ""),
-        "actions": ACTIONS,
+        "actions": [
+            (name, label)
+            for name, label in ACTIONS
+            if name != "retry_migration" or controls.migration_may_help(code or "")
+        ],  # fmt: skip
         "can_act": bool(tenant_ids_for(request.user, [Role.OPERATOR, Role.ADMIN])),
     }
     return render(request, "console/quarantine.html", context)

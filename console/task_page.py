@@ -160,6 +160,16 @@ def _stuck_cause(task: Task) -> str:
     )
 
 
+def _reason_of(event: TransitionEvent | None) -> str:
+    """The event's own words; one that gave none (a worker completing the last step, say) is told by
+    what happened and who did it, never as "no reason recorded"."""
+    if event is None:
+        return ""
+    if event.reason:
+        return event.reason
+    return f"{event.trigger.replace('_', ' ')} (by the {event.actor_kind})"
+
+
 def _why(
     task: Task,
     *,
@@ -172,7 +182,7 @@ def _why(
     undoable: int = 0,
 ) -> Why:
     base: dict[str, Any] = {
-        "reason": latest.reason if latest is not None else "",
+        "reason": _reason_of(latest),
         "entry_reason": entry.reason if entry is not None and entry != latest else "",
         "code": task.state_reason,
         "waiting_for": _waiting_for(task, step, unknown_effects),
@@ -533,6 +543,8 @@ def _control_forms(
         return []
     triggers = {move["trigger"] for move in detail.allowed_moves}
     offered = [name for name, trigger in controls.CONTROLS.items() if trigger in triggers]
+    if not controls.migration_may_help(task.state_reason):
+        offered = [name for name in offered if name != "retry_migration"]
     forms = []
     for name in offered:
         initial: dict[str, Any] = {"expected_version": task.state_version}

@@ -19,6 +19,7 @@ from approvals import selectors as approval_selectors
 from approvals import services as approval_services
 from approvals.models import ApprovalRequest, Decision
 from console import queue as queue_parts
+from console.bulk import carried_filters
 from console.forms import DecisionForm, InboxForm
 from reads.approval_detail import read_approval_detail
 from runtime.controls import CONTROLS
@@ -60,6 +61,7 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
         "counts": queue_parts.summary(request),
         "states": State,
         "can_bulk": can_bulk,
+        "bulk_filters": carried_filters(params),
         "controls": list(CONTROLS),
         "saved_views": list(saved_views_for(request.user)),
     }

@@ -40,6 +40,12 @@ CANCEL_SCOPES = tuple(CancelScope.values)
 ESCALATION_ROLES = ("operator", "approver", "admin")
 
 
+def migration_may_help(reason_code: str) -> bool:
+    """Whether ``retry_migration`` is worth offering: the task was held over its checkpoint (one that did
+    not read, or read wrong). For any other reason its checkpoint reads, and there is nothing to migrate."""
+    return reason_code.startswith("checkpoint_")
+
+
 def label(control: str) -> str:
     """How people read a control's name: ``retry_migration`` -> ``retry migration``."""
     return control.replace("_", " ")

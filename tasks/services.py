@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, models, transaction
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.utils import timezone
 from pydantic import ValidationError
@@ -431,13 +432,22 @@ def _waiting_step(task: Task, kind: type) -> tuple[checkpoints.Checkpoint, Any]:
     return point, step
 
 
-def task_provide_input(task: Task, *, expected_version: int, answer: Scalar, actor: Actor) -> Delivery:
+def task_provide_input(
+    task: Task,
+    *,
+    expected_version: int,
+    answer: Scalar,
+    actor: Actor,
+    records: Iterable[models.Model] = (),
+) -> Delivery:
     """Answer a task in ``waiting_input``; it then goes through resume validation.
 
     The same answer posted again for the same wait is acknowledged and not
     applied twice (``applied=False``); a different answer for a wait already
     answered, or one at a stale version, raises ``StaleVersion``.
     Raises ``TransitionNotAllowed`` when the task is not waiting for input.
+    ``records``: the caller's rows that commit with the answer or not at all (the
+    A2A message that carried it).
     """
     payload = {"answer": answer}
     earlier = TaskInput.objects.filter(task=task, answered_version=expected_version).first()
@@ -483,7 +493,7 @@ def task_provide_input(task: Task, *, expected_version: int, answer: Scalar, act
             trigger=Trigger.INPUT_RECEIVED,
             reason=f"answer to: {step.question}"[:200],
             progress=progress,
-            records=[record],
+            records=[record, *records],
         )
     except IntegrityError:  # the same wait answered concurrently
         return task_provide_input(

@@ -20,6 +20,11 @@ class Role(models.TextChoices):
     INTEGRATOR = "integrator"
 
 
+# Who may start tasks, answer their questions and deliver their events in a tenant, over any surface
+# (the REST API, A2A).
+FEED_ROLES = (Role.OPERATOR, Role.ADMIN, Role.INTEGRATOR)
+
+
 class Tenant(models.Model):
     slug = models.SlugField(unique=True)
     name = models.CharField(max_length=200)

@@ -44,12 +44,10 @@ from tasks.models import Checkpoint, Task
 from tasks.selectors import roles_in
 from tasks.states import ActorKind, State
 from tasks.transitions import Actor
-from tenancy.models import ApiToken, Role, Scope, Tenant
+from tenancy.models import FEED_ROLES, ApiToken, Role, Scope, Tenant
 from tenancy.selectors import tenant_ids_for, tenants_for
 
 MAX_VERSION = 2**31 - 1
-# Who starts tasks and feeds them input and events: people who operate, and integrating systems.
-FEED_ROLES = (Role.OPERATOR, Role.ADMIN, Role.INTEGRATOR)
 
 CONFLICT = OpenApiResponse(
     inline_serializer(

@@ -365,3 +365,20 @@ def test_a_ready_task_offers_no_rerun(operator, acme):
     assert "Rerun as a new task" not in page_of(operator, task)
     response = client_for(operator).post(f"/console/tasks/{task.id}/rerun/", {"reason": "x"}, follow=True)
     assert "Not rerun" in response.content.decode() and not Task.objects.filter(rerun_of=task).exists()
+
+
+def test_retry_migration_is_offered_only_to_a_task_held_over_its_checkpoint(operator, acme):
+    """Before, a task quarantined for any reason offered "Retry migration", whose checkpoint read fine."""
+    step_error = page_of(operator, quarantined(acme, "step_error"))
+    unreadable = page_of(operator, quarantined(acme, "checkpoint_corrupt", "the body does not parse"))
+    assert 'value="retry_migration"' not in step_error and 'value="release"' in step_error
+    assert 'value="retry_migration"' in unreadable
+
+
+def test_why_keeps_the_reason_and_its_code_apart_and_an_event_without_words_is_told(operator, acme):
+    held = why_of(page_of(operator, quarantined(acme, "step_error", "looks wrong")))
+    assert "looks wrong Reason code: step_error" in held  # before: "looks wrong step_error"
+    task = make_task(acme)
+    done = advance(task.id, 1, State.COMPLETED, actor=WORKER, trigger=Trigger.COMPLETE)
+    why = why_of(page_of(operator, done))
+    assert "no reason recorded" not in why and "complete (by the worker)" in why

@@ -34,9 +34,10 @@ from rest_framework.throttling import SimpleRateThrottle
 
 import console
 from api import errors as errors_module
-from api import parsers, throttling
+from api import parsers
 from api.views.schema import SchemaApi
 from audit import export
+from config import throttling
 from console.forms import ConsoleForm, SavedViewForm
 from tasks.models import Task
 from tasks.states import State

@@ -1,4 +1,4 @@
-"""API throttles that hold under concurrency: one atomic increment per call in the shared cache.
+"""Throttles that hold under concurrency: one atomic increment per call in the shared cache.
 
 DRF's ``SimpleRateThrottle`` reads a list of timestamps from the cache, decides, then writes the
 list back: callers that arrive together all read the same list, all pass, and the last write wins.
@@ -27,6 +27,7 @@ from typing import Any
 
 from django.core.cache import cache
 from rest_framework import throttling
+from rest_framework.exceptions import Throttled
 
 
 @dataclass(frozen=True)
@@ -117,3 +118,26 @@ class AnonRateThrottle(AtomicRateThrottle, throttling.AnonRateThrottle):
 
 class UserRateThrottle(AtomicRateThrottle, throttling.UserRateThrottle):
     """Per user for signed-in callers and tokens (``API_THROTTLE_USER``)."""
+
+
+class WrongTokenThrottle(AtomicRateThrottle):
+    """Wrong keys per client address, at the anonymous rate (``API_THROTTLE_ANON``), one count for every
+    surface that takes API tokens (the REST APIs ``api.auth``, A2As ``a2a_api.views``).
+
+    Every key is counted before it is looked up and a right one is given back: counting only
+    after a lookup failed would let concurrent guesses all pass the check first.
+    """
+
+    scope = "anon"
+
+    def get_cache_key(self, request: Any, view: Any) -> str:
+        return self.cache_format % {"scope": "wrong_token", "ident": self.get_ident(request)}
+
+    def count_attempt(self, request: Any) -> None:
+        """429 when this address used up its wrong keys; else this key counts until ``right_key``."""
+        if not self.allow_request(request, None):
+            raise Throttled(wait=self.wait())
+
+    def right_key(self) -> None:
+        if self.taken is not None:
+            give_back(self.taken)
