@@ -70,6 +70,7 @@ def agent_card(types: list[TaskTypeContract] | None = None) -> a2a_pb2.AgentCard
                 url=endpoint_url(), protocol_binding="JSONRPC", protocol_version=PROTOCOL_VERSION
             )
         ],
+        # streaming: SendStreamingMessage and SubscribeToTask are served (a2a_api.stream).
         capabilities=a2a_pb2.AgentCapabilities(
             streaming=True, push_notifications=True, extended_agent_card=True, extensions=[extension]
         ),

@@ -2,10 +2,11 @@
 one table of methods (``METHODS``) that ``POST /a2a/`` dispatches on.
 
 A handler takes a ``Call`` and returns either the JSON-RPC ``result`` (a dict, usually
-``json_format.MessageToDict`` of an ``a2a_pb2`` message) or, for a streaming method, an ``HttpResponse``
+``json_format.MessageToDict`` of an ``a2a_pb2`` message) or, for a streaming method, a response
 (server-sent events) that the view passes through as it is. It refuses by raising ``RpcError``; the view
 turns that into the JSON-RPC error object. Modules that serve methods register them with ``@method``
-and are imported by ``a2a_api.methods`` so the table is whole before the first request.
+and are imported by ``a2a_api.methods`` (or, the streaming ones, ``a2a_api.views``) so the table is
+whole before the first request.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
 
 
 class Code(IntEnum):
@@ -68,7 +70,7 @@ class Call:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-Handler = Callable[[Call], "dict[str, Any] | HttpResponse"]
+Handler = Callable[[Call], "dict[str, Any] | HttpResponseBase"]
 METHODS: dict[str, Handler] = {}
 
 

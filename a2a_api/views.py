@@ -3,7 +3,9 @@
 Thin: the request is checked in the order a caller can act on (size, JSON, the JSON-RPC envelope, the
 ``A2A-Version`` header, the token and its ``integrate`` scope, the method, values PostgreSQL cannot
 hold), then one handler from ``rpc.METHODS`` runs. Every refusal is a JSON-RPC error object; an
-unexpected exception is logged and answered ``-32603`` with no detail, never a 500 page.
+unexpected exception is logged and answered ``-32603`` with no detail, never a 500 page. A streaming
+method (``a2a_api.stream``) answers with its server-sent events response, passed through as it is;
+whatever it refuses before the stream starts is a JSON-RPC error like any other.
 """
 
 from __future__ import annotations
@@ -13,14 +15,14 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.http.request import RawPostDataException
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 from google.protobuf import json_format
 from rest_framework.exceptions import Throttled
 
-from a2a_api import methods, push_methods  # noqa: F401  (register the methods: rpc.METHODS is whole from here on)
+from a2a_api import methods, push_methods, stream  # noqa: F401  (register the methods: rpc.METHODS is whole from here)
 from a2a_api.card import PROTOCOL_VERSION, agent_card
 from a2a_api.rpc import METHODS, Call, Code, RpcError
 from config.throttling import WrongTokenThrottle
@@ -151,7 +153,7 @@ def _authenticate(request: HttpRequest) -> Any:
 
 @csrf_exempt
 @require_POST
-def rpc_view(request: HttpRequest) -> HttpResponse:
+def rpc_view(request: HttpRequest) -> HttpResponseBase:
     """POST /a2a/ — one JSON-RPC 2.0 request of A2A v1.0."""
     request_id: Any = None
     try:
@@ -184,6 +186,6 @@ def rpc_view(request: HttpRequest) -> HttpResponse:
     except Exception:
         logger.exception("A2A request failed", extra={"rpc_id": str(request_id)})
         return _answer(request_id, error=RpcError(Code.INTERNAL_ERROR, "Internal error (logged)."))
-    if isinstance(outcome, HttpResponse):
+    if isinstance(outcome, HttpResponseBase):  # a stream (StreamingHttpResponse)
         return outcome
     return _answer(request_id, result=outcome)

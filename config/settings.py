@@ -559,8 +559,11 @@ A2A_MAX_MESSAGE_BYTES = env.int("A2A_MAX_MESSAGE_BYTES", default=256 * 1024)
 A2A_DEFAULT_TASK_TYPE = env.str("A2A_DEFAULT_TASK_TYPE", default="")
 # Streams (SendStreamingMessage, SubscribeToTask): how often a stream reads the transition log for new
 # events, and how long one connection lasts before the server ends it (the client resumes it with
-# Last-Event-ID = the last state_version it got). Each open stream holds one database connection.
+# Last-Event-ID = the last state_version it got). A stream holds no database connection between polls
+# (each poll opens and closes one); it holds one web thread (gunicorn gthread) for its whole length, so
+# a process serves at most A2A_STREAM_MAX_OPEN at once (keep it below WEB_THREADS).
 A2A_STREAM_POLL_SECONDS = env.float("A2A_STREAM_POLL_SECONDS", default=0.5)
 A2A_STREAM_MAX_SECONDS = env.float("A2A_STREAM_MAX_SECONDS", default=300.0)
+A2A_STREAM_MAX_OPEN = env.int("A2A_STREAM_MAX_OPEN", default=4)
 # The name the agent card gives this deployment.
 A2A_AGENT_NAME = env.str("A2A_AGENT_NAME", default="Durable agent execution")

@@ -3,8 +3,10 @@ config.wsgi:application``). Every knob is an environment variable, listed with i
 settings table: the bind address, processes, threads per process, and the request and shutdown timeouts.
 
 Threads, not more processes, carry the waiting: a console page or an API call spends most of its time on
-PostgreSQL. A request running past ``WEB_TIMEOUT`` seconds has its process restarted (gunicorn's
-``timeout``); ``WEB_GRACEFUL_TIMEOUT`` is how long a SIGTERM lets requests in flight finish.
+PostgreSQL. A process silent for ``WEB_TIMEOUT`` seconds is restarted (gunicorn's ``timeout``); a gthread
+worker's main loop keeps speaking while its threads serve, so a long request (an A2A stream, which holds
+one thread for up to ``A2A_STREAM_MAX_SECONDS``) does not trip it. ``WEB_GRACEFUL_TIMEOUT`` is how long a
+SIGTERM lets requests in flight finish.
 """
 
 from __future__ import annotations
