@@ -16,7 +16,7 @@ PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check --require-
 PIP_TOOLS ?= pip-tools==7.6.2
 LOCK_VENV ?= var/pip-tools
 
-.PHONY: install install-dev demo demo-code prod-check test soak-tests chaos failover bench bench-e2e bench-leases bench-approvals bench-console bench-agents bench-all lint locks
+.PHONY: install install-dev demo demo-code prod-check test soak-tests chaos failover bench bench-e2e bench-leases bench-approvals bench-console bench-agents bench-a2a bench-all lint locks
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -109,6 +109,9 @@ prod-check: install  # the production layout from deploy/ (Procfile, env.example
 
 bench-agents: install  # the Agents SDK adapter against the same tools as a native workflow (bench/sdk_agents.py)
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/sdk_agents.py
+
+bench-a2a: install  # the same tasks through A2A (the a2a-sdk client) and the REST API, same workers (bench/a2a.py)
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/a2a.py
 
 bench-all: install  # every figure in one run (under 15 minutes): bench/all.py, JSON in bench/results/
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/all.py

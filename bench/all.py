@@ -14,6 +14,8 @@ What it runs, each as its own script in a subprocess (each creates and drops its
    and without it (5 s TTL, the fallback).
 6. ``sdk_agents.py``: the support agent through the Agents SDK adapter against the same tools as a
    native workflow, at 0 and 300 ms model latency, and the bytes each leaves per task.
+7. ``a2a.py``: the same tasks started and followed through A2A (the a2a-sdk client) and through the
+   REST API, same run, same workers, 300 ms model latency; A2A / REST.
 
 Each figure is the median over ``--repeat`` runs. Results are printed as tables and written as JSON
 to ``bench/results/all-<time>.json``. The machine has 2 cores: cells at 4 processes x 64 measure
@@ -158,6 +160,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "--latencies", "0" if args.quick else "0,300", "--repeat", str(args.repeat),
                   prefix=prefix)  # fmt: skip
     results["agents"] = {"summary": agents["summary"], "storage": agents["storage"], "table": agents["table"]}
+
+    print("a2a against rest", flush=True)
+    a2a = _run("a2a.py", "--tasks", "10" if args.quick else "400", "--repeat", "1" if args.quick else "3",
+               "--warmup", "2" if args.quick else "20", "--callers", "8" if args.quick else "64",
+               prefix=prefix)  # fmt: skip
+    results["a2a"] = {"summary": a2a["summary"], "table": a2a["table"]}
     results["seconds"] = time.monotonic() - started
 
     print(render(results))
@@ -191,6 +199,7 @@ def render(results: dict[str, Any]) -> str:
                      f"{r['back_in_progress_s']:.2f} | {r['first_commit_s']:.2f} "
                      f"| {r['all_done_s']:.1f} |")  # fmt: skip
     lines.append(f"\n## support agent: SDK adapter vs the same tools native\n\n{results['agents']['table']}")
+    lines.append(f"\n## A2A against REST (same tasks, same workers)\n\n{results['a2a']['table']}")
     lines.append(f"\nwhole run {results['seconds'] / 60:.1f} min")
     return "\n".join(lines)
 

@@ -21,7 +21,7 @@ from tests.workflow import ROOT, database_url
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(180)]
 
 
-def run_bench(script: str, *args: str, saves: bool = True) -> str:
+def run_bench(script: str, *args: str, saves: bool = True, timeout: float = 170) -> str:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "solo")
     env = {**os.environ, "DATABASE_URL": database_url()}
     database = f"smoke_{script.split('.')[0]}_{worker}"
@@ -31,7 +31,7 @@ def run_bench(script: str, *args: str, saves: bool = True) -> str:
         env=env,
         capture_output=True,
         text=True,
-        timeout=170,
+        timeout=timeout,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
@@ -77,13 +77,27 @@ def test_the_console_benchmark_runs_at_two_sizes():
     assert "worst ratio" in out and "| audit export |" in out
 
 
-@pytest.mark.slow  # every benchmark above again, in sequence (~2.5 min): make soak-tests runs it
+@pytest.mark.timeout(420)  # two servers and a worker start before the first task: minutes on a busy machine
+def test_the_a2a_benchmark_runs_both_surfaces_on_the_same_workers_and_gives_the_ratio():
+    out = run_bench(
+        "a2a.py",
+        *("--tasks", "8", "--repeat", "1", "--warmup", "1", "--callers", "4", "--latency-ms", "50"),
+        *("--workers", "1", "--concurrency", "4", "--poll", "0.2", "--server-workers", "1"),
+        timeout=400,
+    )
+    assert "audit chains intact" in out and "A2A / REST:" in out
+    assert "  REST  8 tasks" in out and "  A2A   8 tasks" in out
+
+
+@pytest.mark.slow  # every benchmark above again, in sequence (~3.5 min): make soak-tests runs it
+@pytest.mark.timeout(330)
 def test_the_whole_benchmark_entry_point_runs_a_reduced_matrix():
     env = {**os.environ, "DATABASE_URL": database_url()}
     prefix = f"smoke_all_{os.environ.get('PYTEST_XDIST_WORKER', 'solo')}"
     done = subprocess.run(
         [sys.executable, "bench/all.py", "--quick", "--database-prefix", prefix, "--no-save"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=170,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=320,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "ours / DBOS" in done.stdout and "recovery after SIGKILL" in done.stdout
+    assert "A2A against REST" in done.stdout
