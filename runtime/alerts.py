@@ -61,7 +61,7 @@ from interop.models import PushDelivery
 from ledger import integrity
 from ledger.models import OrphanEffect, OrphanStatus
 from runtime.models import Alert, AlertKind, AlertNote
-from tasks import selectors
+from tasks import registry, selectors
 from tasks.models import Task
 from tasks.states import State, Trigger
 from tenancy.models import Role
@@ -179,17 +179,29 @@ SNAPSHOT_TAMPERED = "agent_snapshot_tampered"
 
 def effect_digest_mismatch(now: datetime) -> Rule:
     """``quarantined`` because an effect about to be sent, or an approval's copy of it, was not what
-    was committed (``ledger.integrity``), or because an SDK agent's stored run state fails its MAC
-    (``runtime.sdk.snapshots``): nothing was sent, and someone with database access changed a row.
+    was committed (``ledger.integrity``), because an SDK agent's call about to be sent is not what
+    its evidence vouches for (``registry.ARGUMENT_UNBOUND``, ``runtime.dispatch``), or because an
+    SDK agent's stored run state fails its MAC (``runtime.sdk.snapshots``): nothing was sent, and
+    someone with database access changed a row (or a path around the step's own checks was taken).
     Raised by the worker in the very commit that holds the task (``raise_for``); the scan raises any
     it missed and clears it once the task moves on."""
     after = "nothing was sent; read the task's history and who had database access before anything else"
     return Rule(
-        Q(state=State.QUARANTINED, state_reason__in=(integrity.EFFECT_DIGEST_MISMATCH, SNAPSHOT_TAMPERED)),
+        Q(
+            state=State.QUARANTINED,
+            state_reason__in=(integrity.EFFECT_DIGEST_MISMATCH, SNAPSHOT_TAMPERED, registry.ARGUMENT_UNBOUND),
+        ),
         Case(
             When(
                 state_reason=SNAPSHOT_TAMPERED,
                 then=_words(f"an agent's stored run state was changed in the database: {after}"),
+            ),
+            When(
+                state_reason=registry.ARGUMENT_UNBOUND,
+                then=_words(
+                    "an agent's call was about to be sent with arguments its evidence does not vouch for: "
+                    + after
+                ),
             ),
             default=_words(
                 "an effect was about to be sent that is not the one intended (changed in the database): "

@@ -16,6 +16,12 @@
    (``intended`` -> ``failed``, outcome ``withheld``; a ``reconciled_absent``
    one stays so, for the late-landing check) and ``EffectMismatch`` tells the
    engine to quarantine the task with ``effect_digest_mismatch``.
+   An SDK agent's call bound to evidence (``registry.EvidenceBinding``) is checked once more
+   against the facts of the checkpoint the keyed chain vouches for as its intent's: the record
+   its arguments name must be the one the task read, the amount within its total, the currency
+   its own. One that is not is withheld the same way (``ArgumentUnbound``: the task quarantined
+   with ``agent_argument_unbound``): the step refused it already, so only a path around that
+   check — a bug, an intent written by other means — gets here, and it moves no money.
 2. Check, then send: right before the request leaves, the worker checks its
    fence again and that it is still within ``SEND_WINDOW`` of its claim on
    its own clock; a worker that finds either gone sends nothing. The
@@ -83,7 +89,17 @@ class Claimed:
 
 
 class EffectMismatch(Exception):
-    """The effect about to be sent is not the one intended (or approved): it was not sent."""
+    """The effect about to be sent is not the one intended (or approved): it was not sent.
+
+    ``code``: the reason code the task's quarantine records."""
+
+    code = integrity.EFFECT_DIGEST_MISMATCH
+
+
+class ArgumentUnbound(EffectMismatch):
+    """An agent's call about to be sent names arguments its task's evidence does not vouch for."""
+
+    code = registry.ARGUMENT_UNBOUND
 
 
 def _with_body(events: QuerySet[TransitionEvent]) -> QuerySet[TransitionEvent]:
@@ -111,8 +127,9 @@ def _chained_bodies(events: QuerySet[TransitionEvent]) -> Iterator[dict[str, Any
         yield json.loads(body)
 
 
-def _chained_digest(action: Action) -> str | None:
-    """The effect digest the keyed audit chain binds for ``action``; None when nothing binds one.
+def _chained_intent(action: Action) -> dict[str, Any] | None:
+    """The checkpoint body (parsed) the keyed audit chain vouches for as ``action``'s intent; None
+    when there is none.
 
     The transition that intended it wrote the action and its checkpoint (whose
     ``pending_actions`` name the key and digest) at the moment the action was
@@ -124,8 +141,35 @@ def _chained_digest(action: Action) -> str | None:
     for body in _chained_bodies(_with_body(events)):
         for pending in body.get("pending_actions") or ():
             if pending.get("idempotency_key") == action.idempotency_key:
-                return str(pending.get("effect_digest"))
+                return body
     return None
+
+
+def _chained_digest(action: Action) -> str | None:
+    """The effect digest the keyed audit chain binds for ``action``; None when nothing binds one."""
+    body = _chained_intent(action)
+    for pending in (body or {}).get("pending_actions") or ():
+        if pending.get("idempotency_key") == action.idempotency_key:
+            return str(pending.get("effect_digest"))
+    return None
+
+
+def _unbound(action: Action) -> str:
+    """Why an agent's call bound to evidence (``registry.Dispatch.unbound``) must not be sent: its
+    arguments and the evidence, as the chained checkpoint of its intent holds them (sealed facts
+    opened), do not agree. "" for any other action, and for one they vouch for. One read of the
+    task's type, one of the intent's checkpoint."""
+    step = _agent_call(action)
+    if step is None or step.unbound is None:
+        return ""
+    body = _chained_intent(action)
+    if body is None:  # the intent's own check (``_not_as_intended``) refuses this first
+        return "no checkpoint the audit chain vouches for holds its intent"
+    try:
+        facts = checkpoints.decode(json.dumps(body)).facts
+    except checkpoints.CheckpointUnreadable as exc:
+        return f"the checkpoint of its intent cannot be read: {exc}"
+    return step.unbound(facts)
 
 
 def _unchained_approval(approval: ApprovalRequest) -> str:
@@ -150,17 +194,24 @@ def _unchained_approval(approval: ApprovalRequest) -> str:
     )
 
 
-def _binds(action: Action) -> dict[str, str]:
-    """What else an approval of ``action``'s step binds (``registry.Dispatch.binds``): {} for a
-    workflow's own step; read from the registry (one read of the task's type) for an agent's call."""
+def _agent_call(action: Action) -> registry.Dispatch | None:
+    """The ``Dispatch`` step of an agent's tool call ``action`` performs (one read of the task's
+    type); None for a workflow's own step."""
     if registry.CALL_MARK not in action.step:
-        return {}
+        return None
     task_type = Task.objects.filter(pk=action.task_id).values_list("task_type", flat=True).first()
     try:
         step = registry.get(task_type or "").step(action.step)
     except KeyError:
-        return {}
-    return dict(step.binds) if isinstance(step, registry.Dispatch) else {}
+        return None
+    return step if isinstance(step, registry.Dispatch) else None
+
+
+def _binds(action: Action) -> dict[str, str]:
+    """What else an approval of ``action``'s step binds (``registry.Dispatch.binds``): {} for a
+    workflow's own step."""
+    step = _agent_call(action)
+    return dict(step.binds) if step is not None else {}
 
 
 def _not_as_intended(action: Action, effect: dict[str, Any], approval: ApprovalRequest | None) -> str:
@@ -184,7 +235,7 @@ def _not_as_intended(action: Action, effect: dict[str, Any], approval: ApprovalR
     return why
 
 
-def _withhold(action: Action, lease: Held, why: str) -> None:
+def _withhold(action: Action, lease: Held, why: str, code: str = integrity.EFFECT_DIGEST_MISMATCH) -> None:
     """Never send ``action``: an intent never claimed becomes ``failed`` (withheld, definitely not
     performed); one found absent after an earlier send stays so, for the reconciler's late-landing check."""
     log.error("effect not as intended; not sent", extra={"action": action.idempotency_key, "why": why})
@@ -195,7 +246,7 @@ def _withhold(action: Action, lease: Held, why: str) -> None:
             DispatchState.FAILED,
             attempts=action.attempts,
             fence=leases.fence(lease),
-            last_error=f"{integrity.EFFECT_DIGEST_MISMATCH}: {why}; never sent",
+            last_error=f"{code}: {why}; never sent",
             outcome=integrity.withheld_outcome(),
         )
 
@@ -211,7 +262,8 @@ def claim(
 
     ``approval``: the approved request the action runs under, if it needs one.
     Raises ``EffectMismatch``, having withheld the action unsent, when its
-    effect is not what was intended or approved (module docstring, 1).
+    effect is not what was intended or approved, and ``ArgumentUnbound`` when
+    an agent's call is not what its evidence vouches for (module docstring, 1).
 
     Raises ``LeaseLost`` when the action is still sendable but the lease is
     not held, ``StaleEpoch`` when the task failed over to another region since
@@ -229,6 +281,10 @@ def claim(
     if why:
         _withhold(action, lease, why)
         raise EffectMismatch(why)
+    unbound = _unbound(action)
+    if unbound:
+        _withhold(action, lease, unbound, ArgumentUnbound.code)
+        raise ArgumentUnbound(f"{action.step}: {unbound}")
     chaos.before_claim(action)
     moved = action_move(
         action.pk,

@@ -174,7 +174,7 @@ def _run_step(
         case registry.ReadEvidence():
             record_id = str(facts.get(step.record_from, ""))
             try:
-                record = evidence.fetch(step.system, record_id)
+                record = evidence.fetch(step.system, record_id, tenant=task.tenant.slug)
                 accepted = evidence.facts_from(record, step.facts)
             except evidence.EvidenceUnstorable as exc:
                 # Not a retry: the record says the same next time. Hold the task until it is fixed.
@@ -466,11 +466,13 @@ def _dispatch(
                 action.pk, lease=lease, at_version=task.state_version, approval=approved
             )
         except dispatch.EffectMismatch as exc:  # withheld unsent
-            return _not_as_intended(task, progress, str(exc))
+            return _not_as_intended(task, progress, str(exc), code=exc.code)
         if action.dispatch_state in SENDABLE:
             return None  # moved back and forth under us: look again on the next claim, never call it unknown
     if integrity.is_withheld(action.outcome):  # withheld before (a release): held again, never sent
-        return _not_as_intended(task, progress, action.last_error)
+        unbound = action.last_error.startswith(f"{registry.ARGUMENT_UNBOUND}:")
+        code = registry.ARGUMENT_UNBOUND if unbound else integrity.EFFECT_DIGEST_MISMATCH
+        return _not_as_intended(task, progress, action.last_error, code=code)
     if action.dispatch_state in SETTLED_OK:
         settled = _done_with(action, task, step, progress, facts)
         if not action.duplicates_suppressed:
@@ -535,14 +537,18 @@ def _done_with(
     )
 
 
-def _not_as_intended(task: Task, progress: Progress, why: str) -> Decision:
-    """Hold the task: what it was about to send (or an approval's copy of it) is not what was committed.
+def _not_as_intended(
+    task: Task, progress: Progress, why: str, *, code: str = integrity.EFFECT_DIGEST_MISMATCH
+) -> Decision:
+    """Hold the task: what it was about to send (or an approval's copy of it) is not what was committed
+    (``code``: ``effect_digest_mismatch``), or an agent's call is not what its evidence vouches for
+    (``agent_argument_unbound``, ``runtime.dispatch``).
 
     Someone changed a row in the database. Nothing is sent, and an alert commits with the
     quarantine. A release comes back here (the action stays withheld): only a new task, started
     by an operator who checked the history, intends the effect again.
     """
-    held = quarantine(progress, integrity.EFFECT_DIGEST_MISMATCH, why)
+    held = quarantine(progress, code, why)
 
     def raise_alert() -> None:
         alerts.raise_for(AlertKind.EFFECT_DIGEST_MISMATCH, task.id)

@@ -10,6 +10,11 @@ fact must be storable (``tasks.values``). One that is not — an order whose
 status holds a NUL — cannot be trusted as evidence, and asking again will not
 change it; the step quarantines the task naming the system, record and field
 (``EvidenceUnstorable``) so an operator can have the record fixed and release it.
+
+Reads are tenant-scoped: a record that names its owner (field ``OWNER_FIELD``, the tenant's slug)
+is evidence only for that tenant's tasks; read for any other it is ``EvidenceMissing``, worded as
+for a record that does not exist, so a task learns nothing of another tenant's records (not even
+that the id is taken). A record naming no owner is shared reference data, readable by every tenant.
 """
 
 from __future__ import annotations
@@ -51,11 +56,16 @@ class Record:
     data: dict[str, Any]
 
 
-def fetch(system: str, record_id: str) -> Record:
-    """Read one record through the ``system``'s connector. Raises ``EvidenceUnavailable``
-    (try later), ``EvidenceMissing`` (no such record) or ``EvidenceUnstorable`` (its version
-    cannot be stored). A system with no connector (``LookupError``) or one whose connector
-    cannot read (``ReadNotSupported``) is a deployment mistake, not evidence: those propagate."""
+# The record field naming the tenant (its slug) a record belongs to.
+OWNER_FIELD = "tenant"
+
+
+def fetch(system: str, record_id: str, *, tenant: str) -> Record:
+    """Read one record through the ``system``'s connector for a task of ``tenant`` (a slug).
+    Raises ``EvidenceUnavailable`` (try later), ``EvidenceMissing`` (no such record, or one
+    another tenant owns) or ``EvidenceUnstorable`` (its version cannot be stored). A system with
+    no connector (``LookupError``) or one whose connector cannot read (``ReadNotSupported``) is a
+    deployment mistake, not evidence: those propagate."""
     try:
         with db.released():  # no database session held while the system answers
             found = connectors.get(system).read(record_id)
@@ -63,7 +73,8 @@ def fetch(system: str, record_id: str) -> Record:
         # The connector's message names the system; it may quote what the system sent (redacted:
         # it becomes the task's audit reason).
         raise EvidenceUnavailable(values.printable(redact(str(exc)))) from None
-    if found is None:
+    owner = found.data.get(OWNER_FIELD) if found is not None and isinstance(found.data, dict) else None
+    if found is None or (owner not in (None, "") and str(owner) != tenant):
         raise EvidenceMissing(f"{system} has no record {record_id!r}")
     record = Record(system, record_id, found.version, found.data)
     # The version is kept in the checkpoint and quoted in resume validation's reasons.

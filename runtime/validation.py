@@ -139,7 +139,7 @@ def _verdict(task: Task, checkpoint: Checkpoint, kind: registry.TaskType, now: d
     changed = []
     for ref in progress.evidence:
         try:
-            record = evidence.fetch(ref.system, ref.record_id)
+            record = evidence.fetch(ref.system, ref.record_id, tenant=task.tenant.slug)
         except evidence.EvidenceUnavailable as exc:
             return retry_later(task, kind, progress, now, code="evidence_unavailable", reason=str(exc))
         except evidence.EvidenceMissing as exc:

@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, StringConstraints
@@ -136,6 +137,9 @@ class Dispatch(Step):
     # What else an approval of this effect is bound to (its digest covers it): an agent's tool call
     # names the agent, the tool and the call (``AgentRun``). Empty for a workflow's own steps.
     binds: Mapping[str, str] = field(default_factory=dict)
+    # Why the task's facts do not vouch for this effect ("" when they do): an agent's call of a tool
+    # with an ``EvidenceBinding``. Checked when the call's step is built and before each send.
+    unbound: Callable[[Facts], str] | None = None
 
     def __post_init__(self) -> None:
         if self.money is not None and not self.approval:
@@ -201,6 +205,77 @@ class AgentEvidence:
     facts: Mapping[str, str] = field(default_factory=dict)  # record field -> fact name
 
 
+def read_fact(tool: str) -> str:
+    """The fact holding the id of the record the ``AgentEvidence`` tool ``tool`` read last in the task:
+    the record whose facts the task's facts (``AgentEvidence.facts``) are now."""
+    return f"{tool}:record"
+
+
+# The reason code of an agent's call whose arguments its task's evidence does not vouch for
+# (``EvidenceBinding``): the call is refused at its step (the model is told) and, should an intent
+# reach the ledger anyway, withheld at send time (``runtime.dispatch``), the task quarantined.
+ARGUMENT_UNBOUND = "agent_argument_unbound"
+
+
+@dataclass(frozen=True)
+class EvidenceBinding:
+    """What an ``AgentEffect`` call's arguments must agree with: the evidence this same task read.
+
+    The model's arguments are a request, not authority. ``record`` names the argument that must be
+    the id of the record the ``AgentEvidence`` tool ``evidence`` read last in this task (so the
+    task's facts are that record's; an effect builder that takes a card or an address from the facts
+    takes that record's). ``at_most``: argument -> fact of that record, a positive finite decimal no
+    larger than the fact; ``equal``: argument -> fact, the same value. A fact the record did not
+    state vouches for nothing: the call is refused.
+    """
+
+    evidence: str
+    record: str
+    at_most: Mapping[str, str] = field(default_factory=dict)
+    equal: Mapping[str, str] = field(default_factory=dict)
+
+    def facts(self) -> set[str]:
+        """The record's facts this binding compares with."""
+        return {*self.at_most.values(), *self.equal.values()}
+
+    def unbound(self, arguments: Facts, facts: Facts) -> str:
+        """Why ``arguments`` are not vouched for by the evidence among ``facts``; "" when they are."""
+        wanted = arguments.get(self.record)
+        read = facts.get(read_fact(self.evidence))
+        if wanted in (None, "") or read in (None, "") or str(wanted) != str(read):
+            last = f"the last one read is {read!r}" if read not in (None, "") else "it read none"
+            return (
+                f"{self.record} {wanted!r} is not the record this task read with {self.evidence} ({last}):"
+                f" look it up with {self.evidence} first"
+            )
+        for argument, fact in self.at_most.items():
+            amount, limit = _finite(arguments.get(argument)), _finite(facts.get(fact))
+            if amount is None or amount <= 0:
+                return f"{argument} {arguments.get(argument)!r} is not a positive amount"
+            if limit is None:
+                return f"record {read!r} states no {fact} to check {argument} against"
+            if amount > limit:
+                return f"{argument} {amount} is more than {fact} {limit} of record {read!r}"
+        for argument, fact in self.equal.items():
+            value, stated = arguments.get(argument), facts.get(fact)
+            if stated in (None, ""):
+                return f"record {read!r} states no {fact} to check {argument} against"
+            if str(value) != str(stated):
+                return f"{argument} {value!r} is not {fact} {stated!r} of record {read!r}"
+        return ""
+
+
+def _finite(value: Any) -> Decimal | None:
+    """``value`` as a finite Decimal (facts and arguments hold amounts as text), else None."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        amount = Decimal(str(value).strip())
+    except InvalidOperation:
+        return None
+    return amount if amount.is_finite() else None
+
+
 @dataclass(frozen=True)
 class AgentEffect:
     """A tool with a side effect: each call is a ledger action through ``connector``.
@@ -208,7 +283,9 @@ class AgentEffect:
     ``effect`` builds the request from the call's arguments and the task's facts (an address the
     model must not choose comes from the facts). ``approval``: every call needs an approver;
     ``money``: calls the policy finds something about do (its amount, currency and reference are
-    argument names). The tool's own function is never run: the ledger performs the call.
+    argument names). ``binding``: the arguments must agree with evidence this task read
+    (``EvidenceBinding``), checked when the call's step is built and again before the send.
+    The tool's own function is never run: the ledger performs the call.
     """
 
     tool: str
@@ -220,13 +297,19 @@ class AgentEffect:
     approver_role: str = "approver"
     reason: str = ""
     timeout: timedelta = timedelta(days=1)
+    binding: EvidenceBinding | None = None
 
     def needs_approval(self, arguments: Facts) -> bool:
         """Whether a call with ``arguments`` must wait for an approver before its intent, by this
-        declaration alone (the money table, no ledger read): what makes the SDK pause the run."""
-        return self.approval or (
-            self.money is not None and (self.money.always or bool(self.money.over_limit(arguments)))
-        )
+        declaration alone (the money table, no ledger read): what makes the SDK pause the run.
+        Arguments it cannot judge (a value no arithmetic takes) need one: the runtime then refuses
+        the call before anyone is asked."""
+        try:
+            return self.approval or (
+                self.money is not None and (self.money.always or bool(self.money.over_limit(arguments)))
+            )
+        except (ArithmeticError, TypeError, ValueError):
+            return True
 
 
 AgentTool = AgentEvidence | AgentEffect
@@ -267,6 +350,25 @@ class AgentRun(Step):
             )
         if declared - found:
             raise ValueError(f"{self.name}: declared tools {sorted(declared - found)} are not the agent's")
+        for tool in self.tools:
+            binding = tool.binding if isinstance(tool, AgentEffect) else None
+            if binding is None:
+                continue
+            # A binding to a tool the run lacks (a deployment that dropped it) stands: with no read of
+            # it in any task, every call is refused. One that cannot compare what it names is a mistake.
+            source = self.tool(binding.evidence)
+            if source is None:
+                continue
+            if not isinstance(source, AgentEvidence):
+                raise ValueError(
+                    f"{self.name}: {tool.tool}'s binding names {binding.evidence!r}, no AgentEvidence"
+                )
+            unkept = binding.facts() - set(source.facts.values())
+            if unkept:
+                raise ValueError(
+                    f"{self.name}: {tool.tool}'s binding compares with {sorted(unkept)}, which"
+                    f" {source.tool} does not keep"
+                )
 
     def tool(self, name: str) -> AgentTool | None:
         return next((tool for tool in self.tools if tool.tool == name), None)
@@ -310,6 +412,7 @@ class AgentRun(Step):
             sensitive=tool.sensitive,
             money=money,
             binds={"agent": self.agent_name, "tool": tool.tool, "call": call},
+            unbound=functools.partial(_call_unbound, tool.binding, prefix) if tool.binding else None,
         )
 
     @property
@@ -340,6 +443,10 @@ def call_arguments(prefix: str, facts: Facts) -> dict[str, Any]:
 
 def _call_effect(tool: AgentEffect, prefix: str, facts: Facts) -> dict[str, Any]:
     return tool.effect(call_arguments(prefix, facts), facts)
+
+
+def _call_unbound(binding: EvidenceBinding, prefix: str, facts: Facts) -> str:
+    return binding.unbound(call_arguments(prefix, facts), facts)
 
 
 @dataclass(frozen=True)

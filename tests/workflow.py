@@ -19,10 +19,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def put_order(
-    order_id: str, *, status: str = "delivered", total: str = "100.00", card: str = "visa-4242"
+    order_id: str,
+    *,
+    status: str = "delivered",
+    total: str = "100.00",
+    card: str = "visa-4242",
+    currency: str = "USD",
+    **more: str,
 ) -> Record:
-    """Create or replace an order in the sandbox's order system (a replacement bumps its version)."""
-    data = {"status": status, "total": total, "card": card}
+    """Create or replace an order in the sandbox's order system (a replacement bumps its version).
+    ``more``: other fields of the record (``tenant``, its owner: ``runtime.evidence``)."""
+    data = {"status": status, "total": total, "currency": currency, "card": card, **more}
     record, created = Record.objects.get_or_create(
         system="orders", record_id=order_id, defaults={"data": data}
     )

@@ -21,7 +21,16 @@ from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessa
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from ledger.policy import CurrencyLimit, MoneyPolicy
-from tasks.registry import AgentEffect, AgentEvidence, AgentRun, Complete, ShortText, TaskType, register
+from tasks.registry import (
+    AgentEffect,
+    AgentEvidence,
+    AgentRun,
+    Complete,
+    EvidenceBinding,
+    ShortText,
+    TaskType,
+    register,
+)
 
 INSTRUCTIONS = (
     "You resolve refund requests. Look the order up first. Refund only a delivered order, and never more"
@@ -203,6 +212,14 @@ REFUNDS = MoneyPolicy(
 )
 
 
+REFUND_BINDING = EvidenceBinding(
+    evidence="lookup_order",
+    record="order_id",
+    at_most={"amount": "order_total"},
+    equal={"currency": "order_currency"},
+)
+
+
 register(
     TaskType(
         name="support_agent",
@@ -228,7 +245,12 @@ register(
                         "lookup_order",
                         system="orders",
                         record_from="order_id",
-                        facts={"status": "order_status", "total": "order_total", "card": "refund_card"},
+                        facts={
+                            "status": "order_status",
+                            "total": "order_total",
+                            "currency": "order_currency",
+                            "card": "refund_card",
+                        },
                     ),
                     AgentEffect(
                         "refund_order",
@@ -236,6 +258,10 @@ register(
                         money=REFUNDS,
                         reason="Refunds above the limit need an approver's consent (four eyes).",
                         sensitive=frozenset({"card"}),
+                        # The model names the order and the amount; the evidence decides: an order this
+                        # task looked up (the last one), at most its total, in its currency, and the
+                        # card is the one that order was paid with (a fact of it, never an argument).
+                        binding=REFUND_BINDING,
                         effect=lambda args, facts: {
                             "kind": "refund",
                             "order_id": args.get("order_id"),

@@ -30,26 +30,31 @@ WORKER_ID = "seed-demo"  # the worker the cases' steps are recorded as taken by
 STUCK_REGION = "eu-west"
 
 ORDERS = {
-    "A-100": {"status": "delivered", "total": "12.50", "card": "visa-4242"},
-    "A-101": {"status": "delivered", "total": "49.00", "card": "visa-1881"},
-    "A-102": {"status": "delivered", "total": "420.00", "card": "amex-0005"},
-    "A-103": {"status": "delivered", "total": "89.90", "card": "mastercard-4444"},
-    "A-104": {"status": "shipped", "total": "15.00", "card": "visa-4242"},
-    "A-106": {"status": "delivered", "total": "150.00", "card": "visa-0077"},
-    "A-107": {"status": "delivered", "total": "32.00", "card": "visa-4242"},
-    "A-105": {"status": "delivered", "total": "64.00", "card": "visa-3003"},
-    "A-108": {"status": "delivered", "total": "310.00", "card": "visa-1111"},
-    "A-109": {"status": "delivered", "total": "27.00", "card": "visa-4242"},
-    "A-110": {"status": "delivered", "total": "18.00", "card": "visa-4242"},
-    "A-111": {"status": "delivered", "total": "21.00", "card": "visa-4242"},
-    "A-112": {"status": "delivered", "total": "24.00", "card": "visa-4242"},
-    "A-113": {"status": "shipped", "total": "11.00", "card": "visa-4242"},
-    "A-114": {"status": "shipped", "total": "13.00", "card": "visa-4242"},
-    "A-115": {"status": "delivered", "total": "35.00", "card": "visa-4242"},
-    "A-116": {"status": "delivered", "total": "38.00", "card": "visa-4242"},
-    "A-117": {"status": "delivered", "total": "58.00", "card": "visa-2020"},
-    "A-118": {"status": "delivered", "total": "45.00", "card": "visa-4242"},  # the support agent's
-    "A-119": {"status": "delivered", "total": "260.00", "card": "visa-6006"},
+    "A-100": {"status": "delivered", "total": "12.50", "currency": "USD", "card": "visa-4242"},
+    "A-101": {"status": "delivered", "total": "49.00", "currency": "USD", "card": "visa-1881"},
+    "A-102": {"status": "delivered", "total": "420.00", "currency": "USD", "card": "amex-0005"},
+    "A-103": {"status": "delivered", "total": "89.90", "currency": "USD", "card": "mastercard-4444"},
+    "A-104": {"status": "shipped", "total": "15.00", "currency": "USD", "card": "visa-4242"},
+    "A-106": {"status": "delivered", "total": "150.00", "currency": "USD", "card": "visa-0077"},
+    "A-107": {"status": "delivered", "total": "32.00", "currency": "USD", "card": "visa-4242"},
+    "A-105": {"status": "delivered", "total": "64.00", "currency": "USD", "card": "visa-3003"},
+    "A-108": {"status": "delivered", "total": "310.00", "currency": "USD", "card": "visa-1111"},
+    "A-109": {"status": "delivered", "total": "27.00", "currency": "USD", "card": "visa-4242"},
+    "A-110": {"status": "delivered", "total": "18.00", "currency": "USD", "card": "visa-4242"},
+    "A-111": {"status": "delivered", "total": "21.00", "currency": "USD", "card": "visa-4242"},
+    "A-112": {"status": "delivered", "total": "24.00", "currency": "USD", "card": "visa-4242"},
+    "A-113": {"status": "shipped", "total": "11.00", "currency": "USD", "card": "visa-4242"},
+    "A-114": {"status": "shipped", "total": "13.00", "currency": "USD", "card": "visa-4242"},
+    "A-115": {"status": "delivered", "total": "35.00", "currency": "USD", "card": "visa-4242"},
+    "A-116": {"status": "delivered", "total": "38.00", "currency": "USD", "card": "visa-4242"},
+    "A-117": {"status": "delivered", "total": "58.00", "currency": "USD", "card": "visa-2020"},
+    "A-118": {
+        "status": "delivered",
+        "total": "45.00",
+        "currency": "USD",
+        "card": "visa-4242",
+    },  # the support agent's
+    "A-119": {"status": "delivered", "total": "260.00", "currency": "USD", "card": "visa-6006"},
 }
 
 

@@ -18,6 +18,23 @@ What the run is told of a call comes from our records, never from the snapshot: 
 settled action (its reference, or why the system refused), the approver's rejection, the evidence
 read. A snapshot that thinks a call has not run, where the ledger says it settled, is told the
 ledger's answer.
+
+The model's arguments are a request, not authority. Before a call becomes an intent, evidence or an
+approval request:
+
+- a call id the task's turns already used for another call (another tool or other arguments, or
+  another id naming the same call step) quarantines the task (``CALL_ID_REUSED``): what the run was
+  told under that id would be taken for this call's answer. Nothing of that turn is performed;
+- arguments that are not a JSON object of storable values (not JSON, an array, NaN) refuse the call
+  (``ARGUMENTS_MALFORMED``);
+- arguments the task's evidence does not vouch for (``registry.EvidenceBinding``: an order this run
+  did not look up, more than its total, another currency) refuse the call
+  (``registry.ARGUMENT_UNBOUND``).
+
+A refused call is not a quarantine: it is a transition with its reason code, and the model is told
+``{"ok": false, "error": ...}`` as the call's output, so it may look the order up or ask again within
+its turns, and nothing is sent. (Should an unbound intent reach the ledger by another path, the send
+is withheld and the task quarantined: ``runtime.dispatch``.)
 """
 
 from __future__ import annotations
@@ -47,6 +64,11 @@ from tasks.states import State, Trigger
 
 # What the model is told of a call an approver refused (the decision's comment is theirs, not its).
 REJECTED = "An approver rejected this call; it was not performed."
+
+# Reason codes of what the model asked for and was refused (the module docstring); with
+# ``registry.ARGUMENT_UNBOUND`` and ``snapshots``' codes, the adapter's own.
+CALL_ID_REUSED = "agent_call_id_reused"
+ARGUMENTS_MALFORMED = "agent_arguments_malformed"
 READABLE_SCHEMAS = replay.READABLE_SCHEMAS
 
 
@@ -69,6 +91,9 @@ def decide(
         row.turn: {**_opened(row), "agent": row.agent}
         for row in AgentTurn.objects.filter(task=task, step=step.name).order_by("turn")
     }
+    reused = _reused_call_id(turns)
+    if reused:
+        return quarantine(progress, CALL_ID_REUSED, reused)
     outputs, rejected = _call_results(task, step, turns, facts)
     start, start_turns = "", 0
     stored = snapshots.latest(task, step.name)
@@ -138,11 +163,11 @@ def decide(
         )
     match outcome:
         case replay.NewTurn():
-            return _turn(task, step, progress, outcome, now)
+            return _turn(task, step, progress, outcome, now, turns)
         case replay.CallNeeded():
-            return _call(task, kind, step, progress, facts, outcome.call, now, perform)
+            return _call(task, kind, step, progress, facts, outcome.call, now, perform, turns)
         case replay.Paused():
-            return _pause(task, kind, step, progress, facts, outcome, now)
+            return _pause(task, kind, step, progress, facts, outcome, now, turns)
         case replay.Finished():
             done = {**facts, step.output: as_fact(outcome.output)}
             changes = {"attempt": 0} if task.attempt else {}
@@ -253,8 +278,36 @@ def _call_results(
     return outputs, rejected
 
 
+def _reused_call_id(turns: dict[int, dict[str, Any]]) -> str:
+    """Why the turns' calls are not one call per id ("" when they are): an id used again for another
+    tool or other arguments, or two ids naming the same call step (``registry.call_key``). The same
+    call repeated word for word is the same call: its recorded answer is the answer."""
+    made: dict[str, tuple[str, str]] = {}
+    keys: dict[str, str] = {}
+    for number in sorted(turns):
+        for item in turns[number].get("items", []):
+            if item.get("type") != "function_call":
+                continue
+            call_id, call = str(item.get("call_id")), (str(item.get("name")), str(item.get("arguments")))
+            shown = values.printable(call_id, values.MAX_QUOTED)
+            if made.setdefault(call_id, call) != call:
+                return (
+                    f"turn {number} uses call id '{shown}' again, for {values.printable(call[0], 64)} with"
+                    " other arguments than the call it named before: nothing of that turn is performed"
+                )
+            if keys.setdefault(registry.call_key(call_id), call_id) != call_id:
+                other = values.printable(keys[registry.call_key(call_id)], values.MAX_QUOTED)
+                return f"turn {number}: call ids '{shown}' and '{other}' name the same call step"
+    return ""
+
+
 def _turn(
-    task: Task, step: registry.AgentRun, progress: Progress, turn: replay.NewTurn, now: datetime
+    task: Task,
+    step: registry.AgentRun,
+    progress: Progress,
+    turn: replay.NewTurn,
+    now: datetime,
+    turns: dict[int, dict[str, Any]],
 ) -> Decision:
     row = AgentTurn(
         task=task,
@@ -280,6 +333,9 @@ def _turn(
         output_tokens=turn.usage.get("output_tokens"),
     )
     also = (usage.recorder(task, step.name, reply, committed=True, now=now),) if usage.reported(reply) else ()
+    reused = _reused_call_id({**turns, turn.turn: {"items": turn.items}})
+    if reused:  # the turn is kept, for the operator to read; none of its calls is performed
+        return dataclasses.replace(quarantine(progress, CALL_ID_REUSED, reused), records=(row,), also=also)
     # The tool set this turn was planned with: resume validation compares it with the code's.
     planned = {**progress.facts, toolsets.fact_name(step): toolsets.toolset_id(step)}
     return Decision(
@@ -304,6 +360,87 @@ def _arguments_as_facts(base: str, call: replay.Call) -> dict[str, Any]:
     return {f"{base}.{name}": as_fact(value) for name, value in call.arguments.items()}
 
 
+_JSON_KINDS = {
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _malformed(turns: dict[int, dict[str, Any]], call: replay.Call) -> str:
+    """Why the arguments the model sent for ``call`` (as its recorded turn holds them) are not a JSON
+    object of storable values; "" when they are. (The run's own parse reads anything else as no
+    arguments at all, which must not reach an effect or an approver as an empty request.)"""
+    sent = next(
+        (
+            item.get("arguments")
+            for turn in turns.values()
+            for item in turn.get("items", [])
+            if item.get("type") == "function_call" and str(item.get("call_id")) == call.call_id
+        ),
+        None,
+    )
+    if not isinstance(sent, str):
+        return "no recorded turn holds its arguments"
+    try:
+        parsed = json.loads(sent, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return "its arguments are not JSON (a JSON object of the tool's parameters is expected)"
+    if not isinstance(parsed, dict):
+        kind = _JSON_KINDS.get(type(parsed), "value")
+        return f"its arguments are a JSON {kind}, not an object of the tool's parameters"
+    for name, value in parsed.items():
+        problem = values.text_problem(name)
+        if problem:
+            return f"an argument's name {problem}"
+        try:
+            as_fact(value)
+        except values.Unstorable as exc:
+            return f"its argument '{values.printable(name, 64)}' {exc.problem}"
+    return ""
+
+
+def _refusal(
+    kind: registry.TaskType,
+    step: registry.AgentRun,
+    call: replay.Call,
+    turns: dict[int, dict[str, Any]],
+    facts: dict[str, Any],
+) -> tuple[str, str] | None:
+    """The reason code and message refusing ``call`` (module docstring), or None to go on with it."""
+    named = f"{call.tool} ({values.printable(call.call_id, values.MAX_QUOTED)})"
+    problem = _malformed(turns, call)
+    if problem:
+        return ARGUMENTS_MALFORMED, f"{named} refused: {problem}"
+    tool = step.tool(call.tool)
+    if isinstance(tool, registry.AgentEffect) and tool.binding is not None:
+        # The arguments as the call's facts hold them: what the send-time check reads (runtime.dispatch).
+        arguments = {name: as_fact(value) for name, value in call.arguments.items()}
+        unbound = tool.binding.unbound(arguments, facts)
+        if unbound:
+            return (
+                registry.ARGUMENT_UNBOUND,
+                f"{named} refused: {values.printable(unbound, MAX_FAILURE_CHARS)}",
+            )
+    return None
+
+
+def _refused_call(
+    task: Task, progress: Progress, facts: dict[str, Any], call: replay.Call, code: str, why: str
+) -> Decision:
+    """Tell the model its call was refused (the call's output), performing nothing."""
+    base = registry.call_step(call.tool, call.call_id)
+    told = json.dumps({"ok": False, "error": why})
+    return _told(task, progress, {**facts, f"{base}:output": as_fact(told)}, why, code=code)
+
+
 def _call(
     task: Task,
     kind: registry.TaskType,
@@ -313,13 +450,17 @@ def _call(
     call: replay.Call,
     now: datetime,
     perform: Perform,
+    turns: dict[int, dict[str, Any]],
 ) -> Decision:
     tool = step.tool(call.tool)
     base = registry.call_step(call.tool, call.call_id)
+    refused = _refusal(kind, step, call, turns, facts)
+    if refused is not None:
+        return _refused_call(task, progress, facts, call, *refused)
     if isinstance(tool, registry.AgentEvidence):
         record_id = str(call.arguments.get(tool.record_from, ""))
         try:
-            record = evidence.fetch(tool.system, record_id)
+            record = evidence.fetch(tool.system, record_id, tenant=task.tenant.slug)
             accepted = evidence.facts_from(record, tool.facts)
         except evidence.EvidenceUnstorable as exc:
             return quarantine(progress, "evidence_unstorable", str(exc))
@@ -341,7 +482,8 @@ def _call(
         return _told(
             task,
             progress.model_copy(update={"evidence": [*kept, ref]}),
-            {**facts, **accepted, f"{base}:output": as_fact(told)},
+            # The record's id beside its facts: an effect bound to this evidence names this record.
+            {**facts, **accepted, registry.read_fact(call.tool): record_id, f"{base}:output": as_fact(told)},
             f"{call.tool} read {tool.system}/{record_id} v{record.version}",
             code="agent_evidence",
         )
@@ -381,8 +523,12 @@ def _pause(
     facts: dict[str, Any],
     paused: replay.Paused,
     now: datetime,
+    turns: dict[int, dict[str, Any]],
 ) -> Decision:
-    """Ask our approvers for the first undecided call, storing the run state when the pause is new."""
+    """Ask our approvers for the first undecided call, storing the run state when the pause is new.
+
+    A call refused for its arguments (module docstring) is never asked about: the run state is stored
+    all the same, and the resumed run is told the refusal as that call's output."""
     if not paused.undecided:  # every interruption is decided, yet the SDK paused: nothing we can approve
         return quarantine(progress, "agent_pause_undecidable", "the agent paused with no call left to decide")
     call = paused.undecided[0]
@@ -393,10 +539,11 @@ def _pause(
             "agent_tool_undeclared",
             f"the agent paused for {call.tool!r}, which is not an AgentEffect",
         )
-    for each in paused.undecided:
-        facts.update(_arguments_as_facts(registry.call_step(each.tool, each.call_id), each))
-    base = registry.call_step(call.tool, call.call_id)
-    ask = kind.step_as(f"{base}{registry.APPROVE_SUFFIX}", registry.RequestApproval)
+    refused = _refusal(kind, step, call, turns, facts)
+    if refused is None:
+        for each in paused.undecided:
+            if not _malformed(turns, each):  # a malformed one is refused when its turn to be asked comes
+                facts.update(_arguments_as_facts(registry.call_step(each.tool, each.call_id), each))
     records: tuple[Any, ...] = ()
     if paused.fresh:
         try:
@@ -413,6 +560,11 @@ def _pause(
             )
         except snapshots.SnapshotRefused as exc:
             return quarantine(progress, exc.code, str(exc))
+    if refused is not None:
+        told = _refused_call(task, progress, facts, call, *refused)
+        return dataclasses.replace(told, records=(*records, *told.records))
+    base = registry.call_step(call.tool, call.call_id)
+    ask = kind.step_as(f"{base}{registry.APPROVE_SUFFIX}", registry.RequestApproval)
     asked = approvals.request_decision(
         task,
         kind,

@@ -17,6 +17,7 @@ read the way the SDK's objects are shaped (``tools`` with ``name`` and ``params_
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
@@ -73,6 +74,8 @@ def _declaration(tool: registry.AgentTool | None) -> dict[str, Any]:
             "approver_role": tool.approver_role,
             "money": tool.money is not None,
             "sensitive": sorted(tool.sensitive),
+            # What its arguments are bound to (only when bound: an unbound tool's id is what it was).
+            **({"binding": dataclasses.asdict(tool.binding)} if tool.binding is not None else {}),
         }
     return {}  # undeclared: the run refuses it (``agent_tool_undeclared``); the digest still counts it
 

@@ -306,7 +306,13 @@ def test_the_model_is_told_each_calls_outcome_from_the_ledger_and_the_evidence(a
     told = {m["tool_call_id"]: json.loads(m["content"]) for m in last if m["role"] == "tool"}
     refund = Action.objects.get(task=task, step__startswith="refund_order#")
     assert {"ok": True, "reference": refund.external_ref} in told.values()
-    assert {"order_status": "delivered", "order_total": "500.00", "refund_card": "[sealed]"} in told.values()
+    shown = {
+        "order_status": "delivered",
+        "order_total": "500.00",
+        "order_currency": "USD",
+        "refund_card": "[sealed]",
+    }
+    assert shown in told.values()
 
 
 def test_usage_and_cost_are_recorded_per_turn_as_the_server_counted_them(acme, chat):
