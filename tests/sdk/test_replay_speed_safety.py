@@ -54,6 +54,18 @@ def a_tool_the_agent_lacks(row: AgentTurn) -> None:
     _reseal(row, {"items": [call], "usage": {"requests": 1}})
 
 
+def a_call_added_beside_the_recorded_one(row: AgentTurn) -> None:
+    """The turn's own call kept as it was (its result still matches): only the records show the change."""
+    items = list(_opened_items(row))
+    items.append({"type": "function_call", "call_id": "call_9_wipe", "name": "wipe_order", "arguments": "{}"})
+    _reseal(row, {"items": items, "usage": {"requests": 1}})
+
+
+def _opened_items(row: AgentTurn) -> list[Any]:
+    place = sealing.task_place(row.task_id, "agent_turns", row.step, row.turn)
+    return list(sealing.open_envelope(row.response, place)["items"])
+
+
 def no_items(row: AgentTurn) -> None:
     _reseal(row, ["not", "a", "turn"])
 
@@ -62,7 +74,9 @@ def deleted(row: AgentTurn) -> None:
     row.delete()
 
 
-@pytest.mark.parametrize("spoil", [garbled_items, a_tool_the_agent_lacks, no_items, deleted])
+@pytest.mark.parametrize(
+    "spoil", [garbled_items, a_tool_the_agent_lacks, a_call_added_beside_the_recorded_one, no_items, deleted]
+)
 def test_a_recorded_turn_that_cannot_be_replayed_quarantines_the_task_without_asking_the_model(
     acme, monkeypatch, spoil
 ):
