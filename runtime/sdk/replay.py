@@ -265,7 +265,9 @@ def _settle(done: Future[Outcome], stepped: asyncio.Task[Outcome]) -> None:
 
 class _AgentLoop:
     """The process's event loop for agent runs, in a daemon thread of its own (made again in a forked
-    child: a thread does not survive the fork)."""
+    child: a thread does not survive the fork). Every run of the process shares it, so code of the
+    agent's that blocks (a synchronous guardrail or instructions function doing I/O) holds up the
+    others: make it async, as the SDK's own model clients are."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
