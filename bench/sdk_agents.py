@@ -20,7 +20,8 @@ What it measures
                 compares like with like. Goal: the adapter costs under 15 % (ratio at least 0.85).
                 Also the workers' CPU per task (user + system time of the worker processes over the
                 same span, from ``/proc``): what the adapter itself costs, which other load on the
-                machine moves far less than it moves tasks/s.
+                machine moves far less than it moves tasks/s. Each cell notes the machine's load
+                average (1 min) at its end: a cell run beside others' work is read with that in mind.
     storage     the bytes one task leaves in the database, table by table (``pg_column_size`` of
                 each row, so the values as stored, compressed where PostgreSQL compressed them;
                 indexes not counted): the task row, its checkpoints, its transition events, the
@@ -119,7 +120,7 @@ def register_native() -> None:
 
     Registered here rather than in ``workflows/``: it exists to be measured against, and no one should
     start one. Its input, money policy, sensitive facts and effects are the support agent's, so the
-    two differ only in who decides the next step: the SDK's ``Runner`` replaying the recorded turns,
+    two differ only in who decides the next step: the SDK's ``Runner`` over the recorded turns,
     or the engine reading the step table. Idempotent (the bench and each of its workers call it)."""
     from tasks.registry import (
         Complete,
@@ -374,6 +375,7 @@ def measure_cell(
         _wait(tenant, workers, _all_completed, args.max_wait)
         wall = time.monotonic() - started
         cpu.append(_cpu_seconds(workers))
+        load = os.getloadavg()[0]  # the machine's, others' work included: how far to trust the cell
     finally:
         workers.stop()
     busy, per_task = _busy_span(tenant)
@@ -389,7 +391,7 @@ def measure_cell(
         "busy_s": busy, "tasks_per_s": args.tasks / busy, "transitions_per_task": transitions,
         "retries": retries,
         "worker_cpu_ms_per_task": (cpu[1] - cpu[0]) * 1000 / args.tasks,
-        "per_task_p50_ms": p50, "per_task_p99_ms": p99,
+        "per_task_p50_ms": p50, "per_task_p99_ms": p99, "load_1m": load,
     }  # fmt: skip
 
 
@@ -551,11 +553,11 @@ def render(args: argparse.Namespace, cells: list[dict[str, Any]], storage: list[
     lines = [
         _table(
             ("throughput", "model ms", "run", "tasks", "workers x in flight", "busy s", "tasks/s",
-             "transitions/task", "retries", "worker CPU ms/task", "worker ms/task p50/p99"),
+             "transitions/task", "retries", "worker CPU ms/task", "worker ms/task p50/p99", "load 1 min"),
             [(c["kind"], f"{c['latency_ms']:g}", str(c["run"]), str(c["tasks"]),
               f"{args.workers} x {args.concurrency}", f"{c['busy_s']:.1f}", f"{c['tasks_per_s']:.1f}",
               f"{c['transitions_per_task']:.0f}", str(c["retries"]), f"{c['worker_cpu_ms_per_task']:.0f}",
-              f"{c['per_task_p50_ms']:.0f} / {c['per_task_p99_ms']:.0f}")
+              f"{c['per_task_p50_ms']:.0f} / {c['per_task_p99_ms']:.0f}", f"{c.get('load_1m', 0):.1f}")
              for c in cells],
         ),
         "",

@@ -9,8 +9,10 @@ each step. Nothing leaves the process but through our exporters.
 Only the names and shapes are copied (the span's type, its name, the agent's tools and handoffs, a
 function's name, whether a guardrail tripped), never inputs or outputs: the run is told
 ``trace_include_sensitive_data=False``, and this bridge copies no ``input``/``output`` field
-either. A step replays the run's earlier turns from the records; their spans show up again in that
-step's trace, each as short as a read from memory.
+either. A step that replays the run's earlier turns from the records shows their spans again in its
+trace, each as short as a read from memory. A run kept waiting between steps (``replay._Live``) keeps
+its SDK spans open under the step that began it; a model turn it asks later is a span of the step
+that asks it.
 """
 
 from __future__ import annotations
