@@ -24,12 +24,13 @@ from typing import Any
 from a2a.types import a2a_pb2
 from google.protobuf import json_format
 
-from a2a_api.methods import FEED_ROLES, keep_push_config, parse, visible_task
+from a2a_api.methods import keep_push_config, parse, visible_task
 from a2a_api.rpc import Call, Code, RpcError, method
 from interop import push
 from interop.models import PushConfig
 from tasks.models import Task
 from tasks.selectors import roles_in
+from tenancy.models import FEED_ROLES
 
 LIST_PAGE_MAX = 100
 

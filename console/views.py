@@ -84,7 +84,7 @@ def asked_for(next_url: str) -> str:
 class ConsoleLogin(auth_views.LoginView):
     """The login page; a ``next`` that names no particular page lands by role (``landing``)."""
 
-    def get_redirect_url(self) -> str:
+    def get_redirect_url(self, request: HttpRequest | None = None) -> str:
         return asked_for(super().get_redirect_url())
 
 

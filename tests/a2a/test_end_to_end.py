@@ -208,7 +208,7 @@ def signed_in_approver(base: str, user) -> httpx.Client:
         data={"code": code_for(device_for(user)), "next": "/console/",
               "csrfmiddlewaretoken": session.cookies["csrftoken"]},
     )  # fmt: skip
-    assert passed.url.path == "/console/", passed.url
+    assert passed.url.path == "/console/approvals/", passed.url  # approvers land on their inbox
     session.headers["X-CSRFToken"] = session.cookies["csrftoken"]
     return session
 
