@@ -110,8 +110,8 @@ prod-check: install  # the production layout from deploy/ (Procfile, env.example
 bench-agents: install  # the Agents SDK adapter against the same tools as a native workflow (bench/sdk_agents.py)
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/sdk_agents.py
 
-bench-a2a: install  # the same tasks through A2A (the a2a-sdk client) and the REST API, same workers (bench/a2a.py)
-	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/a2a.py
+bench-a2a: install  # the same tasks through A2A (the a2a-sdk client) and the REST API, same workers (bench/a2a_vs_rest.py)
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/a2a_vs_rest.py
 
 bench-all: install  # every figure in one run (under 15 minutes): bench/all.py, JSON in bench/results/
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres} $(BIN)/python bench/all.py

@@ -14,7 +14,7 @@ What it runs, each as its own script in a subprocess (each creates and drops its
    and without it (5 s TTL, the fallback).
 6. ``sdk_agents.py``: the support agent through the Agents SDK adapter against the same tools as a
    native workflow, at 0 and 300 ms model latency, and the bytes each leaves per task.
-7. ``a2a.py``: the same tasks started and followed through A2A (the a2a-sdk client) and through the
+7. ``a2a_vs_rest.py``: the same tasks started and followed through A2A (the a2a-sdk client) and through the
    REST API, same run, same workers, 300 ms model latency; A2A / REST.
 
 Each figure is the median over ``--repeat`` runs. Results are printed as tables and written as JSON
@@ -162,7 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["agents"] = {"summary": agents["summary"], "storage": agents["storage"], "table": agents["table"]}
 
     print("a2a against rest", flush=True)
-    a2a = _run("a2a.py", "--tasks", "10" if args.quick else "400", "--repeat", "1" if args.quick else "3",
+    a2a = _run("a2a_vs_rest.py", "--tasks", "10" if args.quick else "400",
+               "--repeat", "1" if args.quick else "3",
                "--warmup", "2" if args.quick else "20", "--callers", "8" if args.quick else "64",
                prefix=prefix)  # fmt: skip
     results["a2a"] = {"summary": a2a["summary"], "table": a2a["table"]}

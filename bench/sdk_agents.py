@@ -263,7 +263,7 @@ def _make_tasks(slug: str, kind: str, count: int, amount: str = SMALL) -> Any:
     orders = [f"{slug}-{i}" for i in range(count)]
     Record.objects.bulk_create(
         Record(system="orders", record_id=order, data={"status": "delivered", "total": "500.00",
-                                                       "card": "visa-4242"})
+                                                       "currency": "USD", "card": "visa-4242"})
         for order in orders
     )  # fmt: skip
     actor = Actor.system("bench")

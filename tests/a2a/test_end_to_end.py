@@ -19,6 +19,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -116,6 +117,7 @@ class Caller:
 
     def __init__(self, base: str, key: str):
         self.loop = asyncio.Runner()
+        self.thread = ThreadPoolExecutor(1)
         self.http = httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30)
         self.card = self.run(A2ACardResolver(self.http, base).get_agent_card())
         self.client = self.run(
@@ -123,7 +125,9 @@ class Caller:
         )
 
     def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
-        return self.loop.run(coroutine)
+        # On a thread of its own: Playwright's sync API leaves an event loop running in the test thread
+        # of a process that ran a browser test, and a Runner refuses to start inside a running loop.
+        return self.thread.submit(self.loop.run, coroutine).result()
 
     def send(self, message: a2a_pb2.Message) -> a2a_pb2.Task:
         async def first() -> a2a_pb2.Task:
@@ -148,7 +152,8 @@ class Caller:
     def close(self) -> None:
         self.run(self.client.close())
         self.run(self.http.aclose())
-        self.loop.close()
+        self.thread.submit(self.loop.close).result()
+        self.thread.shutdown()
 
 
 @pytest.fixture

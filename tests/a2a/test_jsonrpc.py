@@ -3,7 +3,6 @@ and its protocol hygiene: every refusal a JSON-RPC error, nothing written."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import timedelta
 
@@ -19,6 +18,7 @@ from tasks.models import Task
 from tasks.states import State
 from tenancy.models import Role
 from tenancy.services import token_create
+from tests.a2a.loop import run_async
 from tests.conftest import REFUND_INPUT, make_user
 
 BASE = "http://testserver"
@@ -78,7 +78,7 @@ def test_the_real_client_reads_the_card_starts_a_task_once_per_message_and_reads
         read = await client.get_task(a2a_pb2.GetTaskRequest(id=task.id))
         return task, again[0].task, read
 
-    task, again, read = asyncio.run(with_client(key, scenario))
+    task, again, read = run_async(with_client(key, scenario))
     assert again.id == task.id  # the same messageId starts one task
     assert Task.objects.count() == 1 and A2AMessage.objects.count() == 1
     ours = Task.objects.get()
@@ -97,20 +97,20 @@ def test_cancel_and_tenant_isolation_through_the_real_client(a2a_settings, acme,
                                                                    "input": REFUND_INPUT})))]  # fmt: skip
         return events[0].task.id
 
-    task_id = asyncio.run(with_client(key, start))
+    task_id = run_async(with_client(key, start))
 
     async def other_tenant(client):
         with pytest.raises(Exception) as refused:
             await client.get_task(a2a_pb2.GetTaskRequest(id=task_id))
         return type(refused.value).__name__, str(refused.value)
 
-    kind, said = asyncio.run(with_client(stranger, other_tenant))
+    kind, said = run_async(with_client(stranger, other_tenant))
     assert kind == "TaskNotFoundError", (kind, said)  # -32001: as if it did not exist
 
     async def cancel(client):
         return await client.cancel_task(a2a_pb2.CancelTaskRequest(id=task_id))
 
-    canceled = asyncio.run(with_client(key, cancel))
+    canceled = run_async(with_client(key, cancel))
     assert canceled.metadata["state"] in (State.CANCELED, State.CANCEL_REQUESTED)
     task = Task.objects.get()
     assert task.state in (State.CANCELED, State.CANCEL_REQUESTED)

@@ -4,14 +4,13 @@ never comes back whole, a SendMessage with a push config keeps it (or, refused, 
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from a2a.types import a2a_pb2
 
 from interop import push
 from interop.models import PushConfig
 from tasks.models import Task
+from tests.a2a.loop import run_async
 from tests.a2a.test_jsonrpc import BASE, data_message, key_for, rpc, with_client
 from tests.conftest import REFUND_INPUT
 
@@ -35,7 +34,7 @@ def start(key: str, message_id: str = "m-1", configuration: a2a_pb2.SendMessageC
         )
         return [event async for event in client.send_message(request)][0].task
 
-    return asyncio.run(with_client(key, send))
+    return run_async(with_client(key, send))
 
 
 def test_the_real_client_creates_gets_lists_and_deletes_a_config(acme) -> None:
@@ -76,7 +75,7 @@ def test_the_real_client_creates_gets_lists_and_deletes_a_config(acme) -> None:
             )
         return created, default, read, listed, after, type(gone.value).__name__
 
-    created, default, read, listed, after, gone = asyncio.run(with_client(key, scenario))
+    created, default, read, listed, after, gone = run_async(with_client(key, scenario))
     assert (created.id, created.task_id, created.url) == ("hook-1", task_id, HOOK)
     assert created.token == "****" + TOKEN[-4:]  # never the whole token
     assert created.authentication.scheme == "Bearer" and created.authentication.credentials == ""
@@ -108,7 +107,7 @@ def test_a_refused_url_is_invalid_params_naming_the_field_and_nothing_is_kept(cl
             )
         return type(refused.value).__name__, str(refused.value)
 
-    kind, said = asyncio.run(with_client(key, through_the_client))
+    kind, said = run_async(with_client(key, through_the_client))
     assert kind == "InvalidParamsError" and "url" in said
     assert not PushConfig.objects.exists()
 

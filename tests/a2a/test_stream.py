@@ -10,7 +10,6 @@ returning it, so it serves only the checks where the stream ends by itself (a fi
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import socket
@@ -33,6 +32,7 @@ from tasks.states import State, Trigger
 from tasks.transitions import Actor, advance
 from tenancy.models import ApiToken
 from tenancy.services import token_revoke
+from tests.a2a.loop import run_async
 from tests.a2a.test_jsonrpc import BASE, data_message, key_for, rpc
 from tests.conftest import REFUND_INPUT, make_task, progress
 from tests.workflow import ROOT, database_url, sessions_named
@@ -123,7 +123,7 @@ def test_a_subscription_receives_every_status_change_in_order_as_the_task_moves(
                     LIFE[done](task.id)
         return got
 
-    got = asyncio.run(streaming(live, key, follow))
+    got = run_async(streaming(live, key, follow))
     assert [seen(e) for e in got] == [
         ("task", 1, State.READY),
         ("status_update", 2, State.READY),
@@ -155,7 +155,7 @@ def test_a_dropped_stream_resumes_after_its_last_event_id_without_loss_or_repeat
                 break  # the connection drops here, with v3 seen
         return versions
 
-    before = asyncio.run(streaming(live, key, first_connection))
+    before = run_async(streaming(live, key, first_connection))
     assert before == [1, 2, 3]
     for transition in LIFE[2:4]:  # v4, v5 happen while nobody listens
         transition(task.id)
@@ -169,7 +169,7 @@ def test_a_dropped_stream_resumes_after_its_last_event_id_without_loss_or_repeat
                 LIFE[4](task.id)  # v6: completed, live
         return got
 
-    after = asyncio.run(streaming(live, key, resumed))
+    after = run_async(streaming(live, key, resumed))
     assert after == [
         ("status_update", 4, State.RESUME_VALIDATION),
         ("status_update", 5, State.READY),
@@ -181,7 +181,7 @@ def test_a_dropped_stream_resumes_after_its_last_event_id_without_loss_or_repeat
         stream = client.subscribe(a2a_pb2.SubscribeToTaskRequest(id=str(task.id)), context=resume_from(6))
         return [seen(event) async for event in stream]
 
-    assert asyncio.run(streaming(live, key, once_more)) == []
+    assert run_async(streaming(live, key, once_more)) == []
 
 
 @pytest.mark.django_db(transaction=True)
@@ -198,7 +198,7 @@ def test_a_token_revoked_mid_stream_gets_no_further_event(live, acme):
                 LIFE[0](task.id)  # v2 happens after the revocation: it must not reach this caller
         return got, type(ended.value).__name__
 
-    got, error = asyncio.run(streaming(live, key, follow))
+    got, error = run_async(streaming(live, key, follow))
     assert got == [("task", 1, State.READY)] and error == "TaskNotFoundError"
 
 
@@ -213,7 +213,7 @@ def test_a_stream_ends_at_its_time_limit_and_the_client_resubscribes(live, acme,
         got = [seen(e) async for e in client.subscribe(a2a_pb2.SubscribeToTaskRequest(id=str(task.id)))]
         return got, time.monotonic() - started
 
-    got, lasted = asyncio.run(streaming(live, key, quiet))
+    got, lasted = run_async(streaming(live, key, quiet))
     assert got == [("task", 1, State.READY)] and lasted < 10  # ended although the task did not
 
 
@@ -239,7 +239,7 @@ def test_send_streaming_message_starts_once_streams_until_input_is_required_and_
         again = [e async for e in client.send_message(request)]  # the same messageId: the same task
         return got, again
 
-    got, again = asyncio.run(streaming(live, key, start))
+    got, again = run_async(streaming(live, key, start))
     assert Task.objects.count() == 1
     task = Task.objects.get()
     assert [seen(e) for e in got] == [
@@ -264,7 +264,7 @@ def test_send_streaming_message_starts_once_streams_until_input_is_required_and_
                 move(task.id, State.COMPLETED, progress=progress("done"))
         return got
 
-    assert asyncio.run(streaming(live, key, answer)) == [
+    assert run_async(streaming(live, key, answer)) == [
         ("task", 4, State.RESUME_VALIDATION),
         ("status_update", 5, State.READY),
         ("artifact_update", -1, "outcome"),
@@ -284,7 +284,7 @@ def test_subscribing_to_a_finished_task_answers_its_final_status_and_ends(in_pro
 
     from config.asgi import application
 
-    got = asyncio.run(streaming(BASE, key, subscribe, transport=httpx.ASGITransport(app=application)))
+    got = run_async(streaming(BASE, key, subscribe, transport=httpx.ASGITransport(app=application)))
     assert len(got) == 1 and got[0].HasField("task")
     final = got[0].task
     assert final.status.state == a2a_pb2.TASK_STATE_COMPLETED and final.metadata["state_version"] == 6
@@ -304,7 +304,7 @@ def test_another_tenants_task_is_not_found_and_nothing_streams(in_process, acme,
     from config.asgi import application
 
     transport = httpx.ASGITransport(app=application)
-    assert asyncio.run(streaming(BASE, stranger, subscribe, transport=transport)) == "TaskNotFoundError"
+    assert run_async(streaming(BASE, stranger, subscribe, transport=transport)) == "TaskNotFoundError"
 
 
 @pytest.mark.django_db(transaction=True)

@@ -80,7 +80,7 @@ def test_the_console_benchmark_runs_at_two_sizes():
 @pytest.mark.timeout(420)  # two servers and a worker start before the first task: minutes on a busy machine
 def test_the_a2a_benchmark_runs_both_surfaces_on_the_same_workers_and_gives_the_ratio():
     out = run_bench(
-        "a2a.py",
+        "a2a_vs_rest.py",
         *("--tasks", "8", "--repeat", "1", "--warmup", "1", "--callers", "4", "--latency-ms", "50"),
         *("--workers", "1", "--concurrency", "4", "--poll", "0.2", "--server-workers", "1"),
         timeout=400,

@@ -171,7 +171,7 @@ def _post_body(name: str, world: SimpleNamespace) -> dict[str, Any]:
     if name == "task-control":
         return {"expected_version": world.task.state_version, "reason": "matrix", "confirm": "on"}
     if name == "approval-decide":
-        return {"decision": "reject", "digest": world.approval.digest, "comment": "matrix"}
+        return {"decision": "reject", "digest": world.approval.digest, "comment": "matrix", "confirmed": "1"}
     if name == "task-answer":
         return {"expected_version": world.task.state_version, "answer": "matrix"}
     if name == "task-rerun":

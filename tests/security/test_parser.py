@@ -95,6 +95,7 @@ def _api_paths(task: Task) -> list[str]:
         route = str(pattern.pattern)
         route = route.replace("<uuid:task_id>", str(task.id)).replace("<uuid:request_id>", str(uuid.uuid4()))
         route = route.replace("<int:alert_id>", "987654321")  # no such alert: the body is read first or 404
+        route = route.replace("<str:task_type>", "refund_request")
         assert "<" not in route, f"fill in {route} here"
         paths.append(f"/api/{route}")
     return paths

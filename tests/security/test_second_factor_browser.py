@@ -51,5 +51,6 @@ def test_an_approver_enrolls_and_later_signs_in_with_a_code_from_the_secret(
     device = TOTPDevice.objects.get(user=approver, confirmed=True)
     page.get_by_label("Code from your authenticator app").fill(code_for(device))
     page.get_by_role("button", name="Verify").click()
-    expect(page).to_have_url(f"{base}/console/")  # where it was going
+    # The console's root names no particular page: an approver lands on the inbox (console.views.landing).
+    expect(page).to_have_url(f"{base}/console/approvals/")
     expect(page.get_by_role("link", name="Queue")).to_be_visible()

@@ -134,7 +134,7 @@ def orders(settings) -> Iterator[RecordServer]:
 
 def test_evidence_facts_name_the_system_record_and_field_that_cannot_be_stored(orders):
     orders.put("O-1", {"status": f"deliv{NUL}ered", "total": "10.00"})
-    record = evidence.fetch("orders", "O-1")
+    record = evidence.fetch("orders", "O-1", tenant="acme")
     with pytest.raises(evidence.EvidenceUnstorable) as refused:
         evidence.facts_from(record, {"total": "order_total", "status": "order_status"})
     assert (
@@ -145,12 +145,12 @@ def test_evidence_facts_name_the_system_record_and_field_that_cannot_be_stored(o
 def test_evidence_whose_version_cannot_be_stored_is_refused(orders):
     orders.put("O-1", {"status": "delivered"}, version=f"v{SURROGATE}")
     with pytest.raises(evidence.EvidenceUnstorable, match="field 'version' contains a lone surrogate"):
-        evidence.fetch("orders", "O-1")
+        evidence.fetch("orders", "O-1", tenant="acme")
 
 
 def test_evidence_fields_a_step_does_not_take_are_not_judged(orders):
     orders.put("O-1", {"status": "delivered", "notes": f"x{NUL}"})
-    facts = evidence.facts_from(evidence.fetch("orders", "O-1"), {"status": "order_status"})
+    facts = evidence.facts_from(evidence.fetch("orders", "O-1", tenant="acme"), {"status": "order_status"})
     assert facts == {"order_status": "delivered"}
 
 

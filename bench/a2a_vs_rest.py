@@ -25,7 +25,7 @@ What it measures
 
 How to run
     make bench-a2a                          # DATABASE_URL defaults to the local server
-    .venv/bin/python bench/a2a.py --tasks 800 --repeat 3 --callers 64
+    .venv/bin/python bench/a2a_vs_rest.py --tasks 800 --repeat 3 --callers 64
 
     DATABASE_URL names the *server*; the script creates its own database (``--database``, default
     ``bench_a2a_<pid>``), migrates it, and drops it at the end. Results are also written as JSON to
@@ -52,9 +52,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# `python bench/a2a.py` puts bench/ first on sys.path, where this very file would stand in for the
-# a2a-sdk's own `a2a` package: the project root instead.
-sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != ROOT / "bench"]
+# Not named a2a.py: `python bench/<script>.py` puts bench/ first on sys.path, where a file of that name
+# would stand in for the a2a-sdk's own `a2a` package in every bench script.
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
