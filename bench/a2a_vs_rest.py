@@ -15,12 +15,22 @@ What it measures
     from its start to its completion seen by the caller (p50), and the caller's own CPU per task
     (this process: the a2a-sdk client's protobuf work against plain JSON), which shares the machine.
 
+    Push delivery: after the measured phases, ``--push-tasks`` more A2A tasks (default ``--tasks``, at
+    most 100) whose ``SendMessage`` carries a push config (``configuration.taskPushNotificationConfig``)
+    naming a receiver on loopback, a thread of this process that records the first arrival of each
+    ``X-Push-Idempotency-Id`` and answers 200. The workers' ``--sweep`` threads send, every
+    ``A2A_PUSH_INTERVAL`` seconds (``--push-interval``; the setting's default unless given): the
+    interval bounds the figure. A status change's latency is its first arrival less its transition's
+    ``created_at`` (stamped in the transaction, just before its commit; one clock: one machine); p50
+    and p99. A phase of its own, so that the senders' work does not weigh on A2A's side of the ratio.
+
     The REST API's per-user throttle (``API_THROTTLE_USER``, 600/min by default) is raised for the
     run: one caller here sends hundreds of requests a second. A2A has no throttle of its own.
 
     Afterwards every task of the run is checked: completed, the outcome's order status is the
     record's, its audit chain verifies, no step committed twice (``verify``; a read retried under
-    load is counted, not refused). The
+    load is counted, not refused); and every status change of the push phase's tasks arrived exactly
+    once after deduplication, in order, signed with the config's token (``check_pushes``). The
     workload sends no side effect (the effects-once check of A2A is tests/a2a/test_end_to_end.py's).
 
 How to run
@@ -43,11 +53,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +93,7 @@ from bench.e2e import (  # noqa: E402
 )
 
 REST, A2A = "REST", "A2A"
+PUSH = "A2A+push"  # A2A with a push config on each task: the push phase
 GOAL = 0.90  # A2A's tasks/s at least this share of REST's
 
 
@@ -134,6 +147,55 @@ class AppServer:
         _terminate(self.process)
 
 
+class PushReceiver:
+    """The caller's push endpoint, on loopback in a thread of this process: the wall-clock time and the
+    order of the first arrival of each ``X-Push-Idempotency-Id`` (a repeat, which at-least-once allows,
+    is counted and dropped), whether each POST was signed with ``TOKEN``; every POST answered 200."""
+
+    TOKEN = "bench-push-token-0123456789"
+
+    def __init__(self) -> None:
+        from interop import push
+
+        self.first: dict[str, tuple[float, int]] = {}  # idempotency id -> (arrival, its rank)
+        self.repeats = self.unsigned = 0
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                arrived = time.time()  # before the body is read: the request is here
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                signed = push.verify_signature(
+                    body, receiver.TOKEN, self.headers.get(push.SIGNATURE_HEADER, "")
+                )
+                with receiver.lock:
+                    key = self.headers.get(push.IDEMPOTENCY_HEADER, "")
+                    if key in receiver.first:
+                        receiver.repeats += 1
+                    else:
+                        receiver.first[key] = (arrived, len(receiver.first))
+                    receiver.unsigned += not signed
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/push"
+        threading.Thread(target=self.server.serve_forever, name="push-receiver", daemon=True).start()
+
+    def received(self) -> dict[str, tuple[float, int]]:
+        with self.lock:
+            return dict(self.first)
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 # ---------------------------------------------------------------------------
 # The caller: one event loop, one HTTP client, both surfaces
 # ---------------------------------------------------------------------------
@@ -157,10 +219,12 @@ Read = Callable[[str], Awaitable[bool]]  # task id -> ended (raises if it ended 
 
 
 class Caller:
-    """Another system calling us: its token, the card it read, the a2a-sdk client built from it."""
+    """Another system calling us: its token, the card it read, the a2a-sdk client built from it, and
+    where it wants status changes pushed in the push phase."""
 
-    def __init__(self, base: str, key: str, callers: int):
+    def __init__(self, base: str, key: str, callers: int, push_url: str):
         self.base = base
+        self.push_url = push_url
         limits = httpx.Limits(max_connections=callers, max_keepalive_connections=callers)
         self.http = httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}, limits=limits, timeout=60)
         self.client: Any = None
@@ -180,8 +244,8 @@ class Caller:
             await self.client.close()
         await self.http.aclose()
 
-    # A2A: SendMessage with a data part, then GetTask.
-    async def a2a_start(self, order_id: str) -> str:
+    # A2A: SendMessage with a data part (and in the push phase a push config), then GetTask.
+    async def a2a_start(self, order_id: str, push: bool = False) -> str:
         from a2a.types import a2a_pb2
         from google.protobuf import struct_pb2
 
@@ -190,9 +254,17 @@ class Caller:
         message = a2a_pb2.Message(
             message_id=f"bench-{uuid.uuid4()}", role=a2a_pb2.ROLE_USER, parts=[a2a_pb2.Part(data=data)]
         )
-        async for event in self.client.send_message(a2a_pb2.SendMessageRequest(message=message)):
+        request = a2a_pb2.SendMessageRequest(message=message)
+        if push:  # the config's id defaults to the task's
+            request.configuration.task_push_notification_config.CopyFrom(
+                a2a_pb2.TaskPushNotificationConfig(url=self.push_url, token=PushReceiver.TOKEN)
+            )
+        async for event in self.client.send_message(request):
             return str(event.task.id)
         raise RuntimeError("SendMessage answered nothing")
+
+    async def a2a_push_start(self, order_id: str) -> str:
+        return await self.a2a_start(order_id, push=True)
 
     async def a2a_ended(self, task_id: str) -> bool:
         from a2a.types import a2a_pb2
@@ -230,7 +302,8 @@ class Caller:
         return False
 
     def surface(self, name: str) -> tuple[Start, Read]:
-        return (self.a2a_start, self.a2a_ended) if name == A2A else (self.rest_start, self.rest_ended)
+        starts = {A2A: self.a2a_start, PUSH: self.a2a_push_start, REST: self.rest_start}
+        return starts[name], (self.rest_ended if name == REST else self.a2a_ended)
 
 
 async def run_phase(caller: Caller, surface: str, orders: list[str], callers: int, poll: float) -> Phase:
@@ -274,9 +347,10 @@ def phase_order(repeat: int) -> list[str]:
 
 
 async def measure(
-    args: argparse.Namespace, base: str, key: str, orders: list[str], workers: Workers
-) -> list[Phase]:
-    caller = Caller(base, key, args.callers)
+    args: argparse.Namespace, base: str, key: str, orders: list[str], workers: Workers, push_url: str
+) -> tuple[list[Phase], Phase]:
+    """The warm-up, the measured phases, then the push phase (its tasks/s is not part of the ratio)."""
+    caller = Caller(base, key, args.callers, push_url)
     try:
         await caller.connect()
         cursor = 0
@@ -295,7 +369,11 @@ async def measure(
             print(f"  {surface:<4}  {phase.tasks} tasks in {phase.seconds:.1f} s: "
                   f"{phase.tasks_per_s:.1f} tasks/s", flush=True)  # fmt: skip
             phases.append(phase)
-        return phases
+        pushed = await run_phase(caller, PUSH, take(args.push_tasks), args.callers, args.poll)
+        workers.check_alive()
+        print(f"  {PUSH}  {pushed.tasks} tasks in {pushed.seconds:.1f} s: {pushed.tasks_per_s:.1f} tasks/s, "
+              "each with a push config", flush=True)  # fmt: skip
+        return phases, pushed
     finally:
         await caller.close()
 
@@ -361,6 +439,66 @@ def verify(tenant: Any) -> tuple[int, int]:
     return checked, retried
 
 
+@dataclass
+class Pushes:
+    tasks: int  # of the push phase, one push config each
+    expected: int  # their status changes (transition events)
+    delivered: int  # of those, arrived: each once after deduplication, in order, signed
+    repeats: int  # POSTs of a change that had arrived already (at least once allows them)
+    latency_p50_ms: float  # a change's commit to its first arrival
+    latency_p99_ms: float
+    interval_s: float  # A2A_PUSH_INTERVAL the senders ran with
+    senders: int  # run_worker --sweep processes, each with its sending thread
+
+
+def check_pushes(receiver: PushReceiver, tenant: Any, *, interval: float, senders: int) -> Pushes:
+    """Wait (the workers still running) until every status change of the push phase's tasks has arrived;
+    check each arrived once after deduplication, in its task's order, signed, and none that did not
+    happen; their latencies. The phase's tasks are all completed: no change is still to come."""
+    from audit.models import TransitionEvent
+    from interop import push
+    from interop.models import PushConfig
+
+    pushed_tasks = PushConfig.objects.filter(tenant=tenant).values("task_id")
+    events = TransitionEvent.objects.filter(task_id__in=pushed_tasks)
+    changes = {  # idempotency id -> (task, version, commit time)
+        push.idempotency_id(task_id, version): (task_id, version, created_at.timestamp())
+        for task_id, version, created_at in events.values_list("task_id", "state_version", "created_at")
+    }
+    timeout = 60 + 10 * interval
+    deadline = time.monotonic() + timeout
+    while not changes.keys() <= receiver.received().keys() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    received = receiver.received()
+    if missing := changes.keys() - received.keys():
+        raise AssertionError(
+            f"{len(missing)} of {len(changes)} status changes not pushed within {timeout:g} s: "
+            f"{sorted(missing)[:3]}"
+        )
+    if extra := received.keys() - changes.keys():
+        raise AssertionError(f"pushes of status changes that never happened: {sorted(extra)[:3]}")
+    if receiver.unsigned:
+        raise AssertionError(f"{receiver.unsigned} pushes not signed with the config's token")
+    ranks: dict[Any, list[tuple[int, int]]] = {}  # task -> (version, arrival rank) of each change
+    for key, (task_id, version, _) in changes.items():
+        ranks.setdefault(task_id, []).append((version, received[key][1]))
+    for task_id, arrivals in ranks.items():
+        order = [rank for _, rank in sorted(arrivals)]
+        if order != sorted(order):
+            raise AssertionError(f"task {task_id}: its status changes arrived out of order")
+    p50, p99 = _quantiles([(received[key][0] - at) * 1000 for key, (_, _, at) in changes.items()])
+    return Pushes(
+        tasks=len(ranks),
+        expected=len(changes),
+        delivered=len(changes.keys() & received.keys()),
+        repeats=receiver.repeats,
+        latency_p50_ms=p50,
+        latency_p99_ms=p99,
+        interval_s=interval,
+        senders=senders,
+    )
+
+
 def summarize(phases: list[Phase]) -> dict[str, Any]:
     by = {surface: [p for p in phases if p.surface == surface] for surface in (REST, A2A)}
     median = {surface: statistics.median(p.tasks_per_s for p in runs) for surface, runs in by.items()}
@@ -377,7 +515,7 @@ def summarize(phases: list[Phase]) -> dict[str, Any]:
     }
 
 
-def render(args: argparse.Namespace, summary: dict[str, Any]) -> str:
+def render(args: argparse.Namespace, summary: dict[str, Any], pushes: Pushes) -> str:
     rows = [
         (surface, str(args.tasks), str(args.repeat), str(args.callers), f"{args.latency_ms:g}",
          f"{summary['tasks_per_s'][surface]:.1f}",
@@ -393,7 +531,11 @@ def render(args: argparse.Namespace, summary: dict[str, Any]) -> str:
     verdict = "met" if summary["met"] else "NOT met"
     return (
         f"{table}\n\nA2A / REST: {summary['a2a_over_rest']:.2f} "
-        f"(goal: at least {GOAL:.2f}, A2A within 10 % of REST: {verdict})"
+        f"(goal: at least {GOAL:.2f}, A2A within 10 % of REST: {verdict})\n\n"
+        f"Push: {pushes.delivered} of {pushes.expected} status changes of {pushes.tasks} tasks delivered, "
+        f"each once after dedupe ({pushes.repeats} repeats), in order; status change to delivery "
+        f"ms p50 / p99: {pushes.latency_p50_ms:.0f} / {pushes.latency_p99_ms:.0f} "
+        f"(A2A_PUSH_INTERVAL {pushes.interval_s:g} s, {pushes.senders} run_worker --sweep senders)"
     )
 
 
@@ -412,6 +554,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--idle", type=float, default=0.1, help="run_worker --idle seconds (default 0.1)")
     parser.add_argument("--server-workers", type=int, default=2, help="gunicorn processes (default 2)")
     parser.add_argument("--server-threads", type=int, default=4, help="gunicorn threads each (default 4)")
+    parser.add_argument("--push-tasks", type=int, default=None,
+                        help="A2A tasks with a push config, after the phases (default: --tasks, "
+                        "at most 100)")  # fmt: skip
+    parser.add_argument("--push-interval", type=float, default=None,
+                        help="A2A_PUSH_INTERVAL of the workers' push senders (default: the setting "
+                        "as configured)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--database", default=throwaway_name("bench_a2a"), help="throwaway database to create and drop"
@@ -419,10 +567,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-database", action="store_true", help="leave the database for inspection")
     parser.add_argument("--no-save", action="store_true", help="do not write JSON to bench/results/")
     args = parser.parse_args(argv)
-    if min(args.tasks, args.repeat, args.callers, args.workers, args.concurrency, args.warmup) < 1:
+    if args.push_tasks is None:
+        args.push_tasks = min(args.tasks, 100)
+    counts = (args.tasks, args.repeat, args.callers, args.workers, args.concurrency, args.warmup)
+    if min(*counts, args.push_tasks) < 1:
         parser.error(
             "counts must be positive (a warm-up of at least one task keeps the workers' start-up out)"
         )
+    if args.push_interval is not None and args.push_interval <= 0:
+        parser.error("--push-interval must be positive")
     # What bench/e2e.Workers reads: workers as deployed (sweep on, liveness on).
     args.sweep, args.liveness = True, True
     return args
@@ -436,18 +589,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     server: AppServer | None = None
     sandbox: Server | None = None
     workers: Workers | None = None
+    receiver: PushReceiver | None = None
     try:
         os.environ["DATABASE_URL"] = url
+        # Read by this process and inherited by the servers and workers: the receiver is on loopback.
+        os.environ["A2A_PUSH_ALLOWED_HOSTS"] = "127.0.0.1"
+        if args.push_interval is not None:
+            os.environ["A2A_PUSH_INTERVAL"] = f"{args.push_interval:g}"
         setup_django(debug=False)
+        from django.conf import settings
         from django.core.management import call_command
         from django.db import connections
 
+        args.push_interval = settings.A2A_PUSH_INTERVAL
         call_command("migrate", verbosity=0, interactive=False)
-        total = 2 * (args.warmup + args.tasks * args.repeat)
+        total = 2 * (args.warmup + args.tasks * args.repeat) + args.push_tasks
         _make_orders(total, random.Random(args.seed))
         orders = [f"E-{i}" for i in range(total)]
         tenant, key = make_caller("bench-a2a")
         connections.close_all()
+        receiver = PushReceiver()
         info = machine_info(url)
         print_machine(info, debug=False)
         with tempfile.TemporaryDirectory(prefix="bench-a2a-") as logs_dir:
@@ -461,26 +622,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"run         {args.workers} x manage.py run_worker --concurrency {args.concurrency} "
                 f"--sweep, model {args.latency_ms:g} ms; the app on {server.description} at {server.base}; "
-                f"{args.callers} callers polling every {args.poll:g} s; database {args.database}\n",
+                f"{args.callers} callers polling every {args.poll:g} s; then {args.push_tasks} A2A tasks "
+                f"pushing each status change to {receiver.url} (A2A_PUSH_INTERVAL "
+                f"{args.push_interval:g} s); database {args.database}\n",
                 flush=True,
             )
             workers = Workers(args.workers, url, sandbox.sandbox, logs, args, DEFAULT_TTL)
             try:
-                phases = asyncio.run(measure(args, server.base, key, orders, workers))
+                phases, pushed = asyncio.run(measure(args, server.base, key, orders, workers, receiver.url))
+                pushes = check_pushes(receiver, tenant, interval=args.push_interval, senders=args.workers)
+                connections.close_all()
             except Exception:
                 print(f"the app server's log:\n{server.tail()}\nworker logs:\n{workers.log_tails()}")
                 raise
             workers.stop()
             server.stop()
             sandbox.stop()
-            workers = server = sandbox = None
+            receiver.stop()
+            workers = server = sandbox = receiver = None
         verified, retried = verify(tenant)
         if verified != total:
             raise AssertionError(f"{verified} tasks in the database, {total} started")
+        if pushes.tasks != args.push_tasks:
+            raise AssertionError(f"{pushes.tasks} tasks with a push config, {args.push_tasks} sent one")
         print(f"\nverified    {verified} tasks: completed with the record's status, "
-              f"audit chains intact, no step committed twice ({retried} retried a read)\n")  # fmt: skip
+              f"audit chains intact, no step committed twice ({retried} retried a read);\n"
+              f"            {pushes.delivered} status changes pushed, each once after dedupe, "
+              f"in order, signed\n")  # fmt: skip
         summary = summarize(phases)
-        table = render(args, summary)
+        summary["push"] = asdict(pushes)
+        table = render(args, summary, pushes)
         print(table)
         if not args.no_save:
             RESULTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -489,6 +660,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "machine": info,
                 "args": vars(args),
                 "phases": [asdict(p) for p in phases],
+                "push_phase": asdict(pushed),
                 "summary": summary,
                 "table": table,
             }, indent=2))  # fmt: skip
@@ -501,6 +673,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             server.stop()
         if sandbox is not None:
             sandbox.stop()
+        if receiver is not None:
+            receiver.stop()
         if "django.db" in sys.modules:
             sys.modules["django.db"].connections.close_all()
         if not args.keep_database:

@@ -11,6 +11,7 @@ the test server, named per xdist worker so parallel runs never collide.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -78,15 +79,22 @@ def test_the_console_benchmark_runs_at_two_sizes():
 
 
 @pytest.mark.timeout(420)  # two servers and a worker start before the first task: minutes on a busy machine
-def test_the_a2a_benchmark_runs_both_surfaces_on_the_same_workers_and_gives_the_ratio():
+def test_the_a2a_benchmark_runs_both_surfaces_on_the_same_workers_and_gives_the_ratio_and_push_latency():
     out = run_bench(
         "a2a_vs_rest.py",
         *("--tasks", "8", "--repeat", "1", "--warmup", "1", "--callers", "4", "--latency-ms", "50"),
         *("--workers", "1", "--concurrency", "4", "--poll", "0.2", "--server-workers", "1"),
+        *("--push-tasks", "4", "--push-interval", "0.5"),
         timeout=400,
     )
     assert "audit chains intact" in out and "A2A / REST:" in out
     assert "  REST  8 tasks" in out and "  A2A   8 tasks" in out
+    # Each of the push phase's tasks pushed its every status change (at least four: created, read,
+    # model turn, completed) to the receiver, once each after dedupe, in order, signed.
+    assert "  A2A+push  4 tasks" in out and "status changes pushed, each once after dedupe" in out
+    pushed = re.search(r"Push: (\d+) of (\d+) status changes of 4 tasks delivered", out)
+    assert pushed and int(pushed[1]) == int(pushed[2]) >= 4 * 4, out[-2000:]
+    assert "(A2A_PUSH_INTERVAL 0.5 s, 1 run_worker --sweep senders)" in out
 
 
 @pytest.mark.slow  # every benchmark above again, in sequence (~3.5 min): make soak-tests runs it
