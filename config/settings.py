@@ -375,6 +375,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     # waits: SIGKILL that child (OOM killer, operator) and the lock is never released, so no child
     # runs anything again. Threads share no such lock, and agent steps are I/O-bound anyway.
     CELERY_WORKER_POOL = "threads"
+    # kombu's filesystem transport, but a message appears in the folder only once it is whole
+    # (config/broker.py): a half-written file used to crash the worker that read it.
+    CELERY_BROKER_TRANSPORT = "config.broker:Transport"
 else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         # Redis (and SQS) hand a message left unacknowledged this long to another consumer: with

@@ -3,7 +3,8 @@
 Starts the web server (console, API and sandbox systems), a Celery worker for
 this region and Celery beat (the sweep), over the configured broker — the
 embedded filesystem broker when ``CELERY_BROKER_URL`` is unset. Stops them all
-when one exits or on Ctrl-C.
+on Ctrl-C or SIGTERM. A child that dies is started again (``demo.supervise``); one that keeps
+dying stops the demo with an error.
 
 It is a development run of a demo and says so: it refuses to start unless the
 environment asks for one (``DEBUG=1`` and ``SANDBOX_ENABLED=1``, as ``make demo``
@@ -14,19 +15,13 @@ starts inherit that environment.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
-from types import FrameType
-from typing import Any, NoReturn
+from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-
-def _interrupt(signum: int, frame: FrameType | None) -> NoReturn:
-    raise KeyboardInterrupt
+from demo.supervise import supervise
 
 
 class Command(BaseCommand):
@@ -70,21 +65,6 @@ class Command(BaseCommand):
             ],
             "beat": [*celery, "beat", "--loglevel=INFO", "-s", settings.CELERY_BEAT_SCHEDULE_FILENAME],
         }
-        procs = {name: subprocess.Popen(cmd, env=env) for name, cmd in commands.items()}
         self.stdout.write(f"console on http://{addrport}/console/  (Ctrl-C stops web, worker and beat)")
-        # SIGTERM (e.g. from a supervisor) stops the children too, like Ctrl-C does.
-        signal.signal(signal.SIGTERM, _interrupt)
-        try:
-            while all(proc.poll() is None for proc in procs.values()):
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            for proc in procs.values():
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGTERM)
-            for proc in procs.values():
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+        if supervise(commands, env, lambda line: self.stderr.write(f"run_demo: {line}")):
+            raise CommandError("a process of the demo keeps exiting; its log above says why")

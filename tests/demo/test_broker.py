@@ -1,0 +1,50 @@
+"""The embedded broker hands a consumer whole messages only (config/broker.py): kombu's own filesystem
+transport makes a message file visible before writing into it, and a consumer reading it then died on a
+half-written file — the crash that stopped the demo."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from kombu import Connection
+
+import config.broker
+
+
+def _connection(folder: Path) -> Connection:
+    return Connection(
+        "filesystem://",
+        transport="config.broker:Transport",
+        transport_options={
+            "data_folder_in": str(folder),
+            "data_folder_out": str(folder),
+            "store_processed": False,
+        },
+    )
+
+
+def test_a_message_is_not_visible_to_a_consumer_until_it_is_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    producer, consumer = _connection(tmp_path), _connection(tmp_path)
+    queue = consumer.SimpleQueue("region.eu")
+    seen_while_writing: list[list[str]] = []
+    real_replace = os.replace
+
+    def replace(src: str, dst: str) -> None:
+        # the message is fully written under its temporary name: nothing a consumer would take yet
+        seen_while_writing.append(sorted(os.listdir(tmp_path)))
+        with pytest.raises(queue.Empty):
+            queue.get(block=False)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(config.broker.os, "replace", replace)
+    producer.SimpleQueue("region.eu").put({"task": "42"})
+
+    assert len(seen_while_writing) == 1 and seen_while_writing[0][0].endswith(".region.eu.msg.part")
+    message = queue.get(timeout=5)
+    assert message.payload == {"task": "42"}
+    message.ack()
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".msg") or name.endswith(".part")]
