@@ -14,6 +14,8 @@ import pytest
 from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import Browser, Page, expect
 
+from runtime import bulk
+from tasks.models import Task
 from tasks.states import State
 from tasks.transitions import Actor, advance
 from tenancy.models import Role
@@ -34,8 +36,15 @@ def console_pages(acme, owner) -> dict[str, str]:
     approval = ask(make_task(acme, owner=owner, objective="Refund order A-1: a cracked vase"))
     held = make_task(acme, objective="Refund order B-2: held for a look")
     advance(held.id, 1, State.QUARANTINED, actor=Actor.system("t"), reason_code="step_error", reason="boom")
-    for n in range(3):
-        make_task(acme, objective=f"Refund order C-{n}")
+    batch = [make_task(acme, objective=f"Refund order C-{n}") for n in range(3)]
+    operation = bulk.bulk_create(
+        user=owner,
+        control="cancel",
+        reason="Stripe outage, INC-42",
+        tasks=Task.objects.filter(id__in=[t.id for t in batch[:2]]),
+        selection={"query": "q=Refund+order+C"},
+    )
+    bulk.bulk_run(operation.id, runner="test")
     return {
         "queue": "/console/",
         "task": f"/console/tasks/{approval.task_id}/",
@@ -46,6 +55,13 @@ def console_pages(acme, owner) -> dict[str, str]:
         "audit": "/console/audit/",
         "audit-task": f"/console/audit/tasks/{approval.task_id}/",
         "task-types": "/console/task-types/",
+        "start": "/console/start/",
+        "bulk-preview": "/console/bulk/new/?control=cancel&target=all&q=Refund+order+C",
+        "bulk-report": f"/console/bulk/{operation.id}/",
+        "bulk-list": "/console/bulk/",
+        "access": "/console/access/",
+        "alerts": "/console/alerts/",
+        "orphans": "/console/orphans/",
         "not-found": "/console/tasks/00000000-0000-0000-0000-000000000000/",
     }
 
