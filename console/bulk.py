@@ -37,7 +37,7 @@ NEWEST = Keyset("before", ("-id",), (UUID,))  # past operations: ids are UUIDv7,
 
 
 class BulkForm(ConsoleForm):
-    control = forms.ChoiceField(choices=[(name, name) for name in controls.CONTROLS])
+    control = forms.ChoiceField(choices=[(name, name) for name in bulk.CONTROLS])
     target = forms.ChoiceField(choices=[("selected", "selected rows"), ("all", "everything matching")])
     reason = forms.CharField(max_length=2000, required=False)
     scope = forms.ChoiceField(

@@ -23,7 +23,7 @@ from console import queue as queue_parts
 from console.bulk import carried_filters
 from console.forms import DecisionForm, InboxForm
 from reads.approval_detail import read_approval_detail
-from runtime.controls import CONTROLS
+from runtime.bulk import CONTROLS
 from tasks.checkpoints import CheckpointUnreadable
 from tasks.states import State
 from tenancy.models import Role

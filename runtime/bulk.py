@@ -27,9 +27,12 @@ from django.utils import timezone
 from config.celery import app
 from runtime import controls
 from runtime.models import BulkOperation, BulkResult, BulkStatus, Outcome
+from tasks import services
 from tasks.checkpoints import CheckpointUnreadable
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import Task
+from tasks.states import ActorKind
+from tasks.transitions import Actor
 from tenancy.models import Role
 from tenancy.selectors import roles_by_tenant
 
@@ -41,6 +44,10 @@ CHUNK = 50  # results settled between two progress updates
 # A runner whose heartbeat is older than this is presumed dead: another may take the operation over.
 RUNNER_TIMEOUT = timedelta(seconds=120)
 OPERATE_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
+# The task controls, and a rerun: not a control of the task (a finished task is never written) but a new
+# task that runs it again (``tasks.services.task_rerun``), once per task of the operation.
+RERUN = "rerun"
+CONTROLS = (*controls.CONTROLS, RERUN)
 
 
 class BulkRefused(Exception):
@@ -66,7 +73,7 @@ def bulk_create(
     the operation is larger than ``SYNC_LIMIT``; the caller runs smaller ones.
     """
     reason = reason.strip()
-    if control not in controls.CONTROLS:
+    if control not in CONTROLS:
         raise BulkRefused(f"No such control: {control}")
     if not reason:
         raise BulkRefused("A reason is required.")
@@ -195,6 +202,8 @@ def _apply(operation: BulkOperation, result: BulkResult, user: Any) -> _Settled:
         return _Settled(
             Outcome.REFUSED, "no operator or admin role in the task's tenant", task.state, task.state_version
         )
+    if operation.control == RERUN:
+        return _rerun(operation, result, task, user)
     options: dict[str, str] = {}
     if operation.scope:
         options["scope"] = operation.scope
@@ -229,6 +238,30 @@ def _apply(operation: BulkOperation, result: BulkResult, user: Any) -> _Settled:
         )
     outcome = Outcome.APPLIED if done.applied else Outcome.UNCHANGED
     return _Settled(outcome, done.note, done.task.state, done.task.state_version)
+
+
+def _rerun(operation: BulkOperation, result: BulkResult, task: Task, user: Any) -> _Settled:
+    """A new task that reruns ``task``, keyed by (operation, task): a runner that took the operation over
+    finds the rerun its predecessor started instead of starting a second one."""
+    if task.state_version != result.expected_version:
+        return _Settled(
+            Outcome.STALE,
+            f"changed since confirmed: now {task.state} v{task.state_version}, "
+            f"confirmed at v{result.expected_version}",
+            task.state,
+            task.state_version,
+        )
+    try:
+        rerun, created = services.task_rerun(
+            task,
+            actor=Actor.user(user, ActorKind.OPERATOR),
+            reason=f"{operation.reason} (bulk {operation.id})",
+            idempotency_key=f"bulk:{operation.id}:{task.id}",
+        )
+    except (TransitionNotAllowed, services.InvalidTaskInput, services.IdempotencyConflict) as exc:
+        return _Settled(Outcome.REFUSED, str(exc), task.state, task.state_version)
+    note = f"rerun as task {rerun.id}" if created else f"already rerun as task {rerun.id}"
+    return _Settled(Outcome.APPLIED if created else Outcome.UNCHANGED, note, task.state, task.state_version)
 
 
 def _settle(result: BulkResult, settled: _Settled, now: datetime) -> None:

@@ -16,7 +16,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from runtime import bulk
 from tasks.models import Task
-from tasks.states import State
+from tasks.states import State, Trigger
 from tasks.transitions import Actor, advance
 from tenancy.models import Role
 from tests.conftest import make_task, make_user
@@ -36,6 +36,8 @@ def console_pages(acme, owner) -> dict[str, str]:
     approval = ask(make_task(acme, owner=owner, objective="Refund order A-1: a cracked vase"))
     held = make_task(acme, objective="Refund order B-2: held for a look")
     advance(held.id, 1, State.QUARANTINED, actor=Actor.system("t"), reason_code="step_error", reason="boom")
+    gave_up = make_task(acme, objective="Refund order D-3: declined")
+    advance(gave_up.id, 1, State.FAILED, actor=Actor.worker("t"), trigger=Trigger.FAIL, reason_code="declined")
     batch = [make_task(acme, objective=f"Refund order C-{n}") for n in range(3)]
     operation = bulk.bulk_create(
         user=owner,
@@ -51,6 +53,7 @@ def console_pages(acme, owner) -> dict[str, str]:
         "approvals": "/console/approvals/",
         "approval": f"/console/approvals/{approval.id}/",
         "quarantine": "/console/quarantine/",
+        "failed": "/console/failed/",
         "dashboard": "/console/dashboard/",
         "audit": "/console/audit/",
         "audit-task": f"/console/audit/tasks/{approval.task_id}/",

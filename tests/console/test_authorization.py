@@ -87,6 +87,8 @@ EXPECTED: dict[str, Row] = {
     "audit-task-export": row("GET", LOGIN, 404, 200, 200, 403, 200),
     # Quarantine triage: QUARANTINE_ROLES; approvers have their inbox instead.
     "quarantine": row("GET", LOGIN, 200, 200, 200, 403, 200),
+    # Failed-tasks triage: the same readers as quarantine; its rerun goes through the bulk preview.
+    "failed": row("GET", LOGIN, 200, 200, 200, 403, 200),
     # Orphan effects (after a restore): alert readers (operators, admins, auditors), scoped to their tenants.
     "orphans": row("GET", LOGIN, 200, 200, 200, 403, 200),
     # The dashboard: every role, scoped to the reader's tenants (another tenant's operator sees theirs).
