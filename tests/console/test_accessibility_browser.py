@@ -37,7 +37,7 @@ def console_pages(acme, owner) -> dict[str, str]:
     held = make_task(acme, objective="Refund order B-2: held for a look")
     advance(held.id, 1, State.QUARANTINED, actor=Actor.system("t"), reason_code="step_error", reason="boom")
     gave_up = make_task(acme, objective="Refund order D-3: declined")
-    advance(gave_up.id, 1, State.FAILED, actor=Actor.worker("t"), trigger=Trigger.FAIL, reason_code="declined")
+    advance(gave_up.id, 1, State.FAILED, actor=Actor.worker("t"), trigger=Trigger.FAIL, reason_code="no")
     batch = [make_task(acme, objective=f"Refund order C-{n}") for n in range(3)]
     operation = bulk.bulk_create(
         user=owner,
