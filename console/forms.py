@@ -55,6 +55,7 @@ class SavedViewForm(ConsoleForm):
 
     name = forms.CharField(required=False, strip=False)
     query = forms.CharField(required=False, strip=False)
+    share = forms.CharField(required=False, max_length=50)  # a tenant's slug; empty: a personal view
 
     def problem(self) -> str:
         return self.unstorable() or self.errors.as_text()

@@ -20,6 +20,7 @@ from approvals import selectors as approval_selectors
 from approvals import services as approval_services
 from approvals.models import ApprovalRequest, Decision
 from console import queue as queue_parts
+from console import saved_views
 from console.bulk import carried_filters
 from console.forms import DecisionForm, InboxForm
 from reads.approval_detail import read_approval_detail
@@ -27,7 +28,7 @@ from runtime.bulk import CONTROLS
 from tasks.checkpoints import CheckpointUnreadable
 from tasks.states import State
 from tenancy.models import Role
-from tenancy.selectors import saved_views_for, tenant_ids_for, tenants_for
+from tenancy.selectors import tenant_ids_for, tenants_for
 
 PAGE = 50
 
@@ -64,7 +65,7 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
         "can_bulk": can_bulk,
         "bulk_filters": carried_filters(params),
         "controls": list(CONTROLS),
-        "saved_views": list(saved_views_for(request.user)),
+        **saved_views.for_queue(request.user),
     }
     response = render(request, "console/queue.html", context)
     patch_vary_headers(response, ["HX-Request"])

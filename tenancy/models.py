@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
 
 
 class Role(models.TextChoices):
@@ -50,19 +51,34 @@ class Membership(models.Model):
 
 
 class SavedView(models.Model):
-    """A named queue filter of one user: the query string the queue page was showing."""
+    """A named queue filter: the query string the queue page was showing.
+
+    Personal (``tenant`` unset): its ``user``'s alone. Shared (``tenant`` set): every member of that
+    tenant sees it, ``user`` being who shared it. A name is unique among a user's personal views and
+    among a tenant's shared ones. The filter reads only what each viewer may see anyway.
+    """
 
     NAME_MAX = 80
     QUERY_MAX = 1000
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="saved_views")
+    tenant = models.ForeignKey(
+        Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="shared_views"
+    )
     name = models.CharField(max_length=NAME_MAX)
     query = models.CharField(max_length=QUERY_MAX, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["user", "name"], name="savedview_unique_name"),
+            models.UniqueConstraint(
+                fields=["user", "name"], condition=Q(tenant__isnull=True), name="savedview_unique_name"
+            ),
+            models.UniqueConstraint(
+                fields=["tenant", "name"],
+                condition=Q(tenant__isnull=False),
+                name="savedview_unique_shared_name",
+            ),
         ]
 
     def __str__(self) -> str:

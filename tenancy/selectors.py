@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet
 
 from tenancy.models import AccessEvent, Membership, Role, SavedView, Tenant
 
@@ -48,10 +48,25 @@ def has_role(user: AbstractBaseUser | AnonymousUser, tenant_id: int, *roles: Rol
 
 
 def saved_views_for(user: AbstractBaseUser | AnonymousUser) -> QuerySet[SavedView]:
-    """``user``'s saved queue views, by name."""
+    """The queue views ``user`` sees: their own, then those shared with a tenant where they hold a role,
+    each by name."""
     if user.pk is None:  # anonymous
         return SavedView.objects.none()
-    return SavedView.objects.filter(user_id=user.pk).order_by("name", "id")
+    member_of = Membership.objects.filter(user_id=user.pk).values("tenant_id")
+    return (
+        SavedView.objects.filter(Q(user_id=user.pk, tenant=None) | Q(tenant_id__in=member_of))
+        .select_related("tenant", "user")
+        .order_by(F("tenant_id").asc(nulls_first=True), "name", "id")
+    )
+
+
+def deletable_views_for(user: AbstractBaseUser | AnonymousUser) -> QuerySet[SavedView]:
+    """The views ``user`` may delete: their own (personal, or shared by them), and those shared with a
+    tenant they administer."""
+    if user.pk is None:
+        return SavedView.objects.none()
+    administered = Membership.objects.filter(user_id=user.pk, role=Role.ADMIN).values("tenant_id")
+    return SavedView.objects.filter(Q(user_id=user.pk) | Q(tenant_id__in=administered))
 
 
 # --- the access log --------------------------------------------------------------------------------

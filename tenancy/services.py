@@ -20,6 +20,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from tenancy.models import AccessEvent, ApiToken, Membership, Role, SavedView, Scope, Tenant
+from tenancy.selectors import deletable_views_for
 
 
 def role_group(tenant: Tenant, role: Role | str) -> Group:
@@ -107,27 +108,52 @@ def clean_query(query: str, allowed_keys: Iterable[str]) -> str:
     return cleaned
 
 
-def saved_view_create(user: Any, *, name: str, query: str, allowed_keys: Iterable[str]) -> SavedView:
-    """Save ``query`` (only the ``allowed_keys``) as ``user``'s view ``name``; a name is unique per user."""
+# Who may share a view with a tenant's members, and who may delete a shared one besides its author.
+SHARE_ROLES = (Role.OPERATOR, Role.ADMIN)
+
+
+def saved_view_create(
+    user: Any, *, name: str, query: str, allowed_keys: Iterable[str], tenant: Tenant | None = None
+) -> SavedView:
+    """Save ``query`` (only the ``allowed_keys``) as view ``name``: ``user``'s own, or shared with every
+    member of ``tenant`` when given (``user`` must operate or administer it). A name is unique per user
+    among personal views, and per tenant among shared ones."""
     name = " ".join(name.split())
     if not name:
         raise SavedViewRefused("Give the view a name.")
     if len(name) > SavedView.NAME_MAX:
         raise SavedViewRefused(f"A view's name is at most {SavedView.NAME_MAX} characters.")
     cleaned = clean_query(query, allowed_keys)
+    if (
+        tenant is not None
+        and not Membership.objects.filter(user_id=user.pk, tenant=tenant, role__in=SHARE_ROLES).exists()
+    ):
+        raise SavedViewRefused(f"Only the operators and admins of {tenant.slug} share views with it.")
+    siblings = (
+        SavedView.objects.filter(tenant=tenant)
+        if tenant is not None
+        else SavedView.objects.filter(user_id=user.pk, tenant=None)
+    )
+    whose = f"{tenant.slug} has" if tenant is not None else "You have"
     with transaction.atomic():
-        if SavedView.objects.filter(user_id=user.pk).count() >= SAVED_VIEWS_MAX:
-            raise SavedViewRefused(f"You have {SAVED_VIEWS_MAX} saved views already: delete one first.")
+        if siblings.count() >= SAVED_VIEWS_MAX:
+            raise SavedViewRefused(f"{whose} {SAVED_VIEWS_MAX} saved views already: delete one first.")
         try:
             with transaction.atomic():
-                return SavedView.objects.create(user=user, name=name, query=cleaned)
+                return SavedView.objects.create(user=user, tenant=tenant, name=name, query=cleaned)
         except IntegrityError:
-            raise SavedViewRefused(f"You already have a view named “{name}”.") from None
+            taken = (
+                f"{tenant.slug} has a view named “{name}” already"
+                if tenant is not None
+                else f"You already have a view named “{name}”"
+            )
+            raise SavedViewRefused(f"{taken}.") from None
 
 
 def saved_view_delete(user: Any, view_id: int) -> bool:
-    """Delete ``user``'s view ``view_id``; False if they have no such view (another user's included)."""
-    deleted, _ = SavedView.objects.filter(user_id=user.pk, pk=view_id).delete()
+    """Delete view ``view_id`` if ``user`` may: their own (personal or shared by them), or one shared with
+    a tenant they administer. False otherwise (another user's personal view included)."""
+    deleted, _ = deletable_views_for(user).filter(pk=view_id).delete()
     return bool(deleted)
 
 

@@ -93,3 +93,64 @@ def test_a_user_has_a_bounded_number_of_views(operator):
         services.saved_view_create(operator, name=f"v{n}", query="", allowed_keys=QUEUE_KEYS)
     with pytest.raises(services.SavedViewRefused, match="delete one first"):
         services.saved_view_create(operator, name="one more", query="", allowed_keys=QUEUE_KEYS)
+
+
+# --- views shared with a tenant -------------------------------------------------------------------
+
+
+def test_an_operator_shares_a_view_with_the_tenant_and_its_members_see_it_but_no_one_else(
+    operator, auditor, outsider, acme
+):
+    saved = client_for(operator).post(
+        "/console/views/", {"name": "Refunds over a day", "query": "state=ready&age=1d", "share": "acme"}
+    )
+    assert saved.status_code == 302
+    view = SavedView.objects.get()
+    assert (view.tenant, view.user) == (acme, operator)
+
+    seen = client_for(auditor).get("/console/")
+    assert view in seen.context["saved_views"] and view.pk not in seen.context["deletable_views"]
+    page = seen.content.decode()
+    assert "Refunds over a day" in page and "shared · acme" in page
+    assert f"/console/views/{view.pk}/delete/" not in page  # the auditor may not delete it
+    assert client_for(outsider).get("/console/").context["saved_views"] == []
+
+
+def test_only_operators_and_admins_share_and_only_with_their_own_tenants(auditor, operator, globex, acme):
+    refused = client_for(auditor).post("/console/views/", {"name": "Mine", "query": "", "share": "acme"})
+    assert refused.status_code == 302  # back to the queue with the message
+    assert not SavedView.objects.exists()
+    with pytest.raises(services.SavedViewRefused, match="Only the operators and admins of acme"):
+        services.saved_view_create(auditor, name="Mine", query="", allowed_keys=QUEUE_KEYS, tenant=acme)
+    with pytest.raises(services.SavedViewRefused, match="Only the operators and admins of globex"):
+        services.saved_view_create(operator, name="Theirs", query="", allowed_keys=QUEUE_KEYS, tenant=globex)
+    client_for(operator).post("/console/views/", {"name": "Theirs", "query": "", "share": "globex"})
+    assert not SavedView.objects.exists()  # a tenant the operator holds no role in reads as unknown
+
+
+def test_a_shared_name_is_unique_in_the_tenant_and_apart_from_personal_names(operator, admin_user, acme):
+    services.saved_view_create(
+        operator, name="Stuck", query="stuck=true", allowed_keys=QUEUE_KEYS, tenant=acme
+    )
+    with pytest.raises(services.SavedViewRefused, match="acme has a view named “Stuck” already"):
+        services.saved_view_create(admin_user, name="Stuck", query="", allowed_keys=QUEUE_KEYS, tenant=acme)
+    services.saved_view_create(
+        operator, name="Stuck", query="stuck=true", allowed_keys=QUEUE_KEYS
+    )  # personal
+    assert SavedView.objects.filter(name="Stuck").count() == 2
+
+
+def test_a_shared_view_is_deleted_by_its_author_or_the_tenants_admin_only(
+    operator, auditor, admin_user, acme
+):
+    def share(name: str) -> SavedView:
+        return services.saved_view_create(operator, name=name, query="", allowed_keys=QUEUE_KEYS, tenant=acme)
+
+    first, second = share("one"), share("two")
+    assert client_for(auditor).post(f"/console/views/{first.pk}/delete/", {"confirm": "1"}).status_code == 404
+    assert not services.saved_view_delete(auditor, first.pk)
+    assert (
+        client_for(admin_user).post(f"/console/views/{first.pk}/delete/", {"confirm": "1"}).status_code == 302
+    )
+    assert services.saved_view_delete(operator, second.pk)
+    assert not SavedView.objects.exists()

@@ -173,6 +173,7 @@ EXPECTED: dict[tuple[str, str], dict[str, int | str]] = {
     ("console:audit-task", "GET"):        cols(L,   404, 200, 200, 403, 403, 200,   *T),
     ("console:audit-task-export", "GET"): cols(L,   404, 200, 200, 403, 403, 200,   *T),
     ("console:quarantine", "GET"):        cols(L,   200, 200, 200, 403, 403, 200,   *T),
+    ("console:failed", "GET"):            cols(L,   200, 200, 200, 403, 403, 200,   *T),
     ("console:orphans", "GET"):           cols(L,   200, 200, 200, 403, 403, 200,   *T),
     ("console:dashboard", "GET"):         cols(L,   200, 200, 200, 200, 200, 200,   *T),
     ("console:theme", "POST"):            cols(L,   R,   R,   R,   R,   R,   R,     *T),
