@@ -16,7 +16,7 @@ PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check --require-
 PIP_TOOLS ?= pip-tools==7.6.2
 LOCK_VENV ?= var/pip-tools
 
-.PHONY: install install-dev demo demo-code prod-check test soak-tests chaos failover bench bench-e2e bench-leases bench-approvals bench-console bench-agents bench-a2a bench-all lint locks
+.PHONY: install install-dev demo demo-code prod-check test soak-tests chaos failover bench bench-e2e bench-leases bench-approvals bench-console bench-agents bench-a2a bench-all lint locks docs demo-reset
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -74,6 +74,14 @@ lint: install-dev
 	DJANGO_SETTINGS_MODULE=config.settings DEBUG=1 $(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/audit_deps.py $(DEV_LOCK)
+	$(DOCS_ENV) $(BIN)/mkdocs build --strict --quiet
+
+# The docs site (docs/, mkdocs.yml): built from the sources, its reference pages generated from the code
+# by scripts/docs_reference.py (loading the apps needs the development profile, nothing more).
+DOCS_ENV := DJANGO_SETTINGS_MODULE=config.settings DEBUG=1 NO_MKDOCS_2_WARNING=1
+DOCS_PORT ?= 8001
+docs: install-dev
+	$(DOCS_ENV) $(BIN)/mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 # Re-resolve both locks from pyproject.toml, keeping every current pin that still fits (delete a
 # line from a lock, or pass PIP_COMPILE_ARGS=--upgrade-package=NAME, to move it). The dev lock is
