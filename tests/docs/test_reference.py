@@ -113,3 +113,15 @@ def test_every_marker_names_a_generator_and_nothing_points_outside_the_repositor
 def test_each_generated_reference_is_on_a_page():
     markers = {name for page in DOCS.rglob("*.md") for name in ref.MARKER.findall(page.read_text())}
     assert markers == set(ref.GENERATORS)
+
+
+def test_the_readme_is_one_screen_whose_links_stay_in_the_repository():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 60
+    assert "make demo " in readme and "make test " in readme
+    targets = re.findall(r"\]\(([^)#]+)", readme)
+    assert targets
+    for target in targets:
+        assert not target.startswith(("http:", "https:", "/", "..")), target
+        assert (ROOT / target).is_file(), target
+    assert "shared/DESIGN" not in readme
