@@ -5,7 +5,8 @@ gets the markdown below in its place. Each generator reads its one source of tru
 
 - states and transitions: `tasks.states` (the ONE transition table), drawn as a Mermaid diagram too;
 - reason codes: the console's per-code guidance (`console.quarantine.BEFORE_RELEASE`), the checkpoint
-  codes (`tasks.checkpoints.CheckpointUnreadable`) and the alert kinds (`runtime.models.AlertKind`);
+  codes (`tasks.checkpoints.CheckpointUnreadable`), the alert kinds (`runtime.models.AlertKind`) and
+  the failure reasons the task types declare (`Fail(..., reason=...)` in `workflows/`);
 - settings: every environment variable `config/settings.py` reads (name and default, from its source
   text) with its meaning from `scripts/settings_meanings.toml`;
 - management commands: each project command's own `--help`;
@@ -139,7 +140,27 @@ def reason_codes() -> list[Reason]:
             found[value] = Reason(value, "quarantine", "A stored checkpoint the running code cannot use.")
     for value, label in AlertKind.choices:
         found.setdefault(str(value), Reason(str(value), "alert", str(label)))
+    for code, task_type, outcome in workflow_failures():
+        found.setdefault(
+            code, Reason(code, "failed task", f"`{task_type}` ended failed: its `{outcome}` outcome.")
+        )
     return sorted(found.values(), key=lambda reason: (reason.where, reason.code))
+
+
+def workflow_failures() -> list[tuple[str, str, str]]:
+    """(reason code, task type module, outcome name) of each `Fail(name, reason="...")` in workflows/."""
+    found = []
+    for module in sorted((ROOT / "workflows").glob("*.py")):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if not (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Fail"
+            ):
+                continue
+            reason = next((k.value for k in node.keywords if k.arg == "reason"), None)
+            name = node.args[0] if node.args else None
+            if isinstance(reason, ast.Constant) and isinstance(name, ast.Constant):
+                found.append((str(reason.value), module.stem, str(name.value)))
+    return found
 
 
 def reasons_markdown() -> str:
