@@ -213,13 +213,21 @@ def settings_meanings() -> dict[str, dict[str, str]]:
         return {name: dict(entry) for name, entry in tomllib.load(handle).items()}
 
 
+def _says_the_same(note: str, source: str) -> bool:
+    """Whether a note only repeats the code's literal default (`"dev"` and `dev`, `5.0` and `5`)."""
+    spelled = {"True": "1", "False": "0"}.get(source, source).strip('"')
+    spelled = spelled[:-2] if spelled.endswith(".0") else spelled
+    return note.strip("`") == spelled
+
+
 def settings() -> list[Setting]:
     code = settings_in_code()
     rows = []
     for name, entry in settings_meanings().items():
         parts = [f"`{code[name]}`"] if code.get(name) else []
-        if entry.get("default_note"):
-            parts.append(entry["default_note"])
+        note = entry.get("default_note", "")
+        if note and not _says_the_same(note, code.get(name, "")):
+            parts.append(note)
         rows.append(Setting(name, " — ".join(parts) or "unset", entry["meaning"]))
     return rows
 
