@@ -1,6 +1,7 @@
 # The two commands a fresh machine needs (see README):
 #   make demo   install, migrate, seed the demo and serve the console on :8000 (embedded SQLite)
 #   make test   install and run the whole test suite on PostgreSQL
+# (make demo-reset brings the demo's standing cases back; make docs serves the docs site.)
 SHELL := /bin/bash
 PY ?= python3.11
 VENV ?= .venv
@@ -16,7 +17,7 @@ PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check --require-
 PIP_TOOLS ?= pip-tools==7.6.2
 LOCK_VENV ?= var/pip-tools
 
-.PHONY: install install-dev demo demo-code prod-check test soak-tests chaos failover bench bench-e2e bench-leases bench-approvals bench-console bench-agents bench-a2a bench-all lint locks
+.PHONY: install install-dev demo demo-code prod-check test soak-tests chaos failover bench bench-e2e bench-leases bench-approvals bench-console bench-agents bench-a2a bench-all lint locks docs demo-reset
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -39,6 +40,18 @@ demo: install
 	$(DEMO_ENV) $(BIN)/python manage.py migrate --noinput
 	$(DEMO_ENV) $(BIN)/python manage.py seed_demo
 	$(DEMO_ENV) $(BIN)/python manage.py run_demo 127.0.0.1:$(PORT)
+
+# Bring every standing demo case back: the demo's embedded database (and its broker, beat schedule and
+# audit anchors, which describe that database) is thrown away and seeded afresh. The demo's only: with
+# DATABASE_URL set it refuses (history tables refuse deletes there, and the data may not be the demo's).
+DEMO_VAR ?= var
+demo-reset: install
+	@if [ -n "$${DATABASE_URL:-}" ]; then \
+		echo "make demo-reset resets the embedded demo database only: unset DATABASE_URL" >&2; exit 1; fi
+	rm -rf $(DEMO_VAR)/demo.sqlite3 $(DEMO_VAR)/broker $(DEMO_VAR)/anchors $(DEMO_VAR)/celerybeat-schedule*
+	VAR_DIR=$(DEMO_VAR) $(DEMO_ENV) $(BIN)/python manage.py migrate --noinput
+	VAR_DIR=$(DEMO_VAR) $(DEMO_ENV) $(BIN)/python manage.py seed_demo
+	@echo "Demo reset: make demo serves it again."
 
 # pytest exits 5 when it collected no tests. make turns any failing recipe into exit 2, so .ci/run
 # cannot see that 5: under CI (CI set, as .ci/run does) it is not a failure of the build.
@@ -74,6 +87,14 @@ lint: install-dev
 	DJANGO_SETTINGS_MODULE=config.settings DEBUG=1 $(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/audit_deps.py $(DEV_LOCK)
+	$(DOCS_ENV) $(BIN)/mkdocs build --strict --quiet
+
+# The docs site (docs/, mkdocs.yml): built from the sources, its reference pages generated from the code
+# by scripts/docs_reference.py (loading the apps needs the development profile, nothing more).
+DOCS_ENV := DJANGO_SETTINGS_MODULE=config.settings DEBUG=1 NO_MKDOCS_2_WARNING=1
+DOCS_PORT ?= 8001
+docs: install-dev
+	$(DOCS_ENV) $(BIN)/mkdocs serve --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 # Re-resolve both locks from pyproject.toml, keeping every current pin that still fits (delete a
 # line from a lock, or pass PIP_COMPILE_ARGS=--upgrade-package=NAME, to move it). The dev lock is

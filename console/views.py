@@ -20,7 +20,7 @@ from approvals import selectors as approval_selectors
 from approvals import services as approval_services
 from approvals.models import ApprovalRequest, Decision
 from console import queue as queue_parts
-from console import saved_views
+from console import saved_views, sign_in
 from console.bulk import carried_filters
 from console.forms import DecisionForm, InboxForm
 from reads.approval_detail import read_approval_detail
@@ -87,6 +87,9 @@ class ConsoleLogin(auth_views.LoginView):
 
     def get_redirect_url(self, request: HttpRequest | None = None) -> str:
         return asked_for(super().get_redirect_url())
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        return {**super().get_context_data(**kwargs), "sign_in_hints": sign_in.hints()}
 
 
 @login_required

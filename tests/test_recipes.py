@@ -1,7 +1,7 @@
-"""The README's four recipes, each followed once with a throwaway: a task type, a connector,
-a console page and an operator control.
+"""The four recipes of docs/building/recipe.md, each followed once with a throwaway: a task type,
+a connector, a console page and an operator control.
 
-If adding one ever needs more than the README says (one module in
+If adding one ever needs more than the recipe says (one module in
 ``workflows/``; one class plus one line in ``LEDGER_CONNECTORS``; a view, a URL
 and a template; an edge in the table and a name in ``CONTROLS``), these fail.
 """

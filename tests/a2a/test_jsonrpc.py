@@ -160,12 +160,12 @@ def test_the_card_names_our_absolute_endpoint_and_one_skill_per_task_type(client
     assert {"refund_request", "pay_invoice"} <= {skill["id"] for skill in card["skills"]}
 
 
-def test_the_readme_state_table_is_the_code_table():
+def test_the_docs_state_table_is_the_code_table():
     from pathlib import Path
 
     from interop.states import READINGS, TaskState
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "building" / "a2a.md").read_text()
     for state, reading in READINGS.items():
         row = f"| `{state}` | `{TaskState.Name(reading.a2a)}` | {'yes' if reading.needs_person else 'no'} |"
-        assert row in readme, row
+        assert row in page, row

@@ -1,5 +1,5 @@
-"""The README's A2A client example, run as written against a live server: a documented example that
-stops working fails here."""
+"""The A2A client example of the docs (docs/building/a2a.md, once the README's), run as written against a
+live server: a documented example that stops working fails here."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from tenancy.services import token_create
 from tests.a2a.loop import run_async
 from tests.conftest import make_user
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "building" / "a2a.md"
 
 
 def the_example() -> str:
-    text = README.read_text()
+    text = PAGE.read_text()
     section = text[text.index("**A client in about twenty lines**") :]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
@@ -37,7 +37,7 @@ def test_the_readme_client_starts_a_task_and_reads_it(live_server, settings, acm
     example = the_example()
     assert len([line for line in example.splitlines() if line.strip()]) <= 30  # read at a glance
     namespace: dict = {"__name__": "readme_example"}  # not __main__: the printing part does not run
-    exec(compile(example, str(README), "exec"), namespace)
+    exec(compile(example, str(PAGE), "exec"), namespace)
 
     task = run_async(namespace["start_refund"](live_server.url, key))
 

@@ -192,3 +192,25 @@ def test_seed_demo_code_prints_the_code_a_demo_approver_signs_in_with(approver, 
     client.post("/accounts/login/", {"username": approver.username, "password": "pw"})
     response = client.post("/accounts/second-factor/", {"code": out.getvalue().strip()}, follow=True)
     assert response.request["PATH_INFO"] == "/console/approvals/"
+
+
+def test_the_demo_site_admin_opens_the_admin_and_the_login_page_names_the_demo_users(demo):
+    page = Client().get("/accounts/login/").content.decode()
+    assert "Demo users" in page
+    for name in ("acme-operator", "globex-approver2", "acme-auditor", "acme-integrator", "demo-admin"):
+        assert name in page, name
+    admin = Client()
+    admin.post("/accounts/login/", {"username": "demo-admin", "password": "demo"})
+    admin.post("/accounts/second-factor/", {"code": totp_code(key_of(DEMO_TOTP_SECRET))})
+    assert admin.get("/admin/").status_code == 200
+    assert admin.get("/admin/tasks/policy/").status_code == 200
+    operator = Client()
+    operator.post("/accounts/login/", {"username": "acme-admin", "password": "demo"})
+    operator.post("/accounts/second-factor/", {"code": totp_code(key_of(DEMO_TOTP_SECRET))})
+    assert operator.get("/admin/").status_code == 302  # a tenant admin is not the site's
+
+
+def test_the_login_page_lists_no_account_outside_a_development_run(demo, settings):
+    settings.DEBUG = False
+    page = Client().get("/accounts/login/").content.decode()
+    assert "Demo users" not in page and "acme-operator" not in page

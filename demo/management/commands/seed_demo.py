@@ -1,7 +1,8 @@
 """manage.py seed_demo: demo tenants, users and tasks (idempotent; refuses in production).
 
 Tenants ``acme`` and ``globex``; in each, users ``<tenant>-operator``,
-``-approver``, ``-approver2``, ``-auditor``, ``-admin``, ``-integrator`` with password
+``-approver``, ``-approver2``, ``-auditor``, ``-admin``, ``-integrator`` (``demo.users``), and the
+site administrator ``demo-admin`` (staff, superuser: ``/admin/``), with password
 ``$DEMO_PASSWORD`` (default ``demo``), the approvers and admins with an authenticator
 device on the public ``DEMO_TOTP_SECRET`` (printed, and in the README: any TOTP app
 gives their second factor; never a secret outside the demo); the sandbox order records, policies and
@@ -48,22 +49,13 @@ from django_otp.plugins.otp_totp.models import TOTPDevice
 from demo.cases import CASES
 from demo.cases.seeding import ORDERS, WORKER_ID, Seeding
 from demo.sandbox.models import Record
+from demo.users import DEMO_ADMIN, TENANTS, USERS
 from tasks import registry
 from tasks.models import Policy, RuntimeConfig
 from tasks.transitions import Actor
 from tenancy.dbrole import owner_needed
 from tenancy.models import Role, Tenant
 from tenancy.services import grant_role
-
-TENANTS = {"acme": "Acme Corporation", "globex": "Globex Inc."}
-USERS = {
-    "operator": [Role.OPERATOR],
-    "approver": [Role.APPROVER],
-    "approver2": [Role.APPROVER],
-    "auditor": [Role.AUDITOR],
-    "admin": [Role.ADMIN, Role.OPERATOR],
-    "integrator": [Role.INTEGRATOR],  # a system's account: start tasks, feed input and events
-}
 
 # The demo's authenticator secret (base32), the same for every demo approver and admin so the tour
 # can show the second factor: add it to any TOTP app. Public, like the demo password.
@@ -103,9 +95,11 @@ class Command(BaseCommand):
             tenant, _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": name})
             seed_users(tenant, password)
             seed_cases(tenant)
+        seed_site_admin(password)
         self.stdout.write(
             self.style.SUCCESS(f"Demo ready: users <tenant>-operator etc., password {password!r}")
         )
+        self.stdout.write(f"The site admin at /admin/ (policies, runtime configs, roles): {DEMO_ADMIN}")
         self.stdout.write(
             "Approvers and admins give a second factor: add the demo secret "
             f"{DEMO_TOTP_SECRET} to any authenticator app (TOTP, 6 digits, 30 s)."
@@ -124,6 +118,17 @@ def seed_users(tenant: Tenant, password: str) -> None:
             grant_role(user, tenant, role)
         if {Role.APPROVER, Role.ADMIN} & set(roles):
             give_demo_device(user)
+
+
+def seed_site_admin(password: str) -> None:
+    """``DEMO_ADMIN``: staff and superuser, so the tour can open /admin/ (policies, runtime configs,
+    roles); like every superuser, a second factor on the demo authenticator."""
+    user, created = get_user_model().objects.get_or_create(username=DEMO_ADMIN)
+    if created:
+        user.set_password(password)
+    user.is_staff = user.is_superuser = True
+    user.save()
+    give_demo_device(user)
 
 
 def seed_cases(tenant: Tenant) -> None:
