@@ -25,6 +25,7 @@ from django.views.decorators.http import require_safe
 from audit import export
 from audit import selectors as audit_selectors
 from audit.anchor import last_run
+from audit.chain import BrokenLink
 from audit.keys import held_signing_key
 from console.access import AUDIT_ROLES, get_task_for_auditing, tenant_ids_or_403
 from console.forms import ConsoleForm
@@ -94,7 +95,7 @@ def task_history(request: HttpRequest, task_id: UUID) -> HttpResponse:
     return render(request, "console/audit/task.html", context)
 
 
-def integrity(task: Any, *, full: bool = False) -> Any:
+def integrity(task: Any, *, full: bool = False) -> BrokenLink | None:
     """The chain's first break, or None: the check ``manage.py verify_audit`` runs, hashing only the
     events after the task's verified-through mark unless ``full`` (``audit.verify.verified_base``)."""
     return verify_chain(task, since_verified=not full, remember=True)
