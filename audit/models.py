@@ -174,7 +174,7 @@ class VerifiedThrough(models.Model):
     hash = models.CharField(max_length=64)  # the event at ``state_version``'s hash when verified
     key_id = models.CharField(max_length=32)
     mac = models.CharField(max_length=64)
-    verified_at = models.DateTimeField()
+    verified_at = models.DateTimeField()  # when the whole chain was last verified (a mark expires)
 
     def __str__(self) -> str:
         return f"{self.task_id} verified through v{self.state_version}"

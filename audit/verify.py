@@ -16,7 +16,7 @@ import hashlib
 import hmac
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
@@ -81,10 +81,15 @@ def verify_task(
 
 
 MARK_PREFIX = "durable-agents/verified-through/v1\n"
+# A mark older than this is not used: the next view verifies the whole chain again (and marks it anew),
+# so an edit at or before a mark that leaves the stored hash is seen by a view within a day too.
+MARK_MAX_AGE = timedelta(hours=24)
 
 
-def _mark_mac(secret: bytes, task_id: Any, version: int, head: str) -> str:
-    text = f"{MARK_PREFIX}{task_id}\n{version}\n{head}"
+def _mark_mac(secret: bytes, task_id: Any, version: int, head: str, at: datetime) -> str:
+    text = (
+        f"{MARK_PREFIX}{task_id}\n{version}\n{head}\n{at.astimezone(UTC).isoformat(timespec='microseconds')}"
+    )
     return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
 
 
@@ -95,23 +100,26 @@ class MarkBroken(Exception):
         self.link = link
 
 
-def verified_base(task_id: Any, state_version: int) -> TransitionEvent | None:
-    """The event the chain was last verified through, when that mark can be trusted; else None.
+def verified_base(task_id: Any, state_version: int) -> tuple[TransitionEvent, datetime] | None:
+    """The event the chain was last verified through and when it was last verified in full, when
+    that mark can be trusted; else None.
 
     A mark counts only with a valid MAC under a chain key this process holds (one planted or moved
-    forward without the key is ignored: the chain is then verified in full). Then the event at its
-    version must still carry the hash it had, and the task must not have gone below it (else
-    ``MarkBroken``): so, without the chain key, editing or deleting any event after the mark, or
-    rewriting the hash of the marked event, is still caught by a view. What a view no longer catches
-    is an edit of the fields of an event at or before the mark that leaves its stored hash alone: the
-    full verification catches that (the history's "verify the whole chain", ``verify_audit``, every
-    JSON export), and a rewrite of the hashes themselves with the key shows against the anchors.
+    forward without the key is ignored: the chain is then verified in full), and for ``MARK_MAX_AGE``
+    after the chain was last verified in full. Then the event at its version must still carry the
+    hash it had, and the task must not have gone below it (else ``MarkBroken``). So, against someone
+    without the chain key, a view still catches any edit or deletion of an event after the mark, a
+    rewritten hash of the marked event and a log cut below it. An edit of the fields of an event at
+    or before the mark that leaves its stored hash is caught by the first view after the mark expires
+    and by every full verification (the history's "verify the whole chain", ``verify_audit``, every
+    JSON export); a rewrite made with the chain key shows against the anchors (``--against``).
     """
     mark = VerifiedThrough.objects.filter(task_id=task_id).first()
     secret = chain_keys().get(mark.key_id) if mark is not None else None
     if mark is None or secret is None:
         return None
-    if not hmac.compare_digest(_mark_mac(secret, task_id, mark.state_version, mark.hash), mark.mac):
+    expected = _mark_mac(secret, task_id, mark.state_version, mark.hash, mark.verified_at)
+    if not hmac.compare_digest(expected, mark.mac) or timezone.now() - mark.verified_at > MARK_MAX_AGE:
         return None
     if state_version < mark.state_version:
         raise MarkBroken(
@@ -128,21 +136,27 @@ def verified_base(task_id: Any, state_version: int) -> TransitionEvent | None:
                 f"missing or its hash changed since it was verified ({mark.verified_at:%Y-%m-%d %H:%M} UTC)",
             )
         )
-    return event
+    return event, mark.verified_at
 
 
-def remember_verified(task_id: Any, state_version: int, head: str) -> None:
-    """Mark the chain of ``task_id`` verified through ``state_version`` (whose event's hash is ``head``)."""
+def remember_verified(
+    task_id: Any, state_version: int, head: str, *, in_full_at: datetime | None = None
+) -> None:
+    """Mark the chain of ``task_id`` verified through ``state_version`` (whose event's hash is ``head``).
+
+    ``in_full_at``: when the whole chain was last verified, for a mark moved on incrementally (it keeps
+    its age, so it still expires ``MARK_MAX_AGE`` after that); None: now, a verification in full.
+    """
     if state_version < 1:
         return
-    key = current_chain_key()
+    key, now = current_chain_key(), in_full_at or timezone.now()
     mark = VerifiedThrough(
         task_id=task_id,
         state_version=state_version,
         hash=head,
         key_id=key.id,
-        mac=_mark_mac(key.secret, task_id, state_version, head),
-        verified_at=timezone.now(),
+        mac=_mark_mac(key.secret, task_id, state_version, head, now),
+        verified_at=now,
     )
     VerifiedThrough.objects.bulk_create(
         [mark],
@@ -166,9 +180,10 @@ def _verify_once(
         if row is None:
             return None  # gone with its history (retention): nothing left to disagree
         try:
-            base = verified_base(task_id, row["state_version"]) if since_verified else None
+            found = verified_base(task_id, row["state_version"]) if since_verified else None
         except MarkBroken as broken:
             return broken.link
+        base, in_full_at = found if found is not None else (None, None)
         after = base.state_version if base is not None else 0
         events = list(
             TransitionEvent.objects.filter(task_id=task_id, state_version__gt=after).order_by("state_version")
@@ -195,7 +210,8 @@ def _verify_once(
             else path(task_id, events, row["state"])
         )
     if link is None and remember and (base is None or base.state_version < row["state_version"]):
-        remember_verified(task_id, row["state_version"], row["audit_head"])
+        # A mark moved on keeps its age: only a verification of the whole chain renews it.
+        remember_verified(task_id, row["state_version"], row["audit_head"], in_full_at=in_full_at)
     return link
 
 

@@ -4,17 +4,20 @@ What is guaranteed against someone with database write access but not the chain 
 catches every change after the mark, a rewritten hash of the marked event and a log cut below it; a
 planted or moved mark (its MAC is the chain key's) is ignored. An edit of an older event's fields that
 leaves its stored hash is caught by the full verification (the history's "verify the whole chain",
-``verify_audit``, every signed export), not by a view.
+``verify_audit``, every signed export), and by the first view once the mark expires (a day after the
+chain was last verified in full).
 """
 
 from __future__ import annotations
 
 import json
+from datetime import timedelta
+from unittest import mock
 
 import pytest
 from django.test import Client
 
-from audit import chain
+from audit import chain, verify
 from audit.models import TransitionEvent, VerifiedThrough
 from tasks.audit_paths import verify_chain
 from tasks.states import State
@@ -154,3 +157,20 @@ def test_the_history_page_offers_the_full_verification(acme, auditor, hashed):
     assert hashed[0] == 0  # the second view hashes nothing
     full = client.get(f"/console/audit/tasks/{task.id}/", {"verify": "full"}).content.decode()
     assert "Verified in full" in full and hashed[0] >= 5
+
+
+def test_a_mark_expires_so_a_view_verifies_in_full_again_and_sees_an_old_edit(acme, hashed):
+    task = task_with_history(acme, steps=4)
+    assert view(task) is None
+    first = VerifiedThrough.objects.get(task_id=task.id).verified_at
+    task = more(task, 1)
+    assert view(task) is None  # moved on incrementally: keeps the time of the full verification
+    assert VerifiedThrough.objects.get(task_id=task.id).verified_at == first
+    edit_without_the_key(task, 2, "old history rewritten")
+    assert view(task) is None  # within its age a view does not rehash v2 (the full check does)
+
+    later = first + verify.MARK_MAX_AGE + timedelta(seconds=1)
+    with mock.patch.object(verify.timezone, "now", return_value=later):
+        hashed[0] = 0
+        broken = view(task)
+    assert broken is not None and broken.state_version == 2 and hashed[0] >= 2
