@@ -162,8 +162,12 @@ def verify_events(
     state_version: int,
     keys: Mapping[str, bytes] | None = None,
     keyed_since: datetime | None = None,
+    after: Any = None,
 ) -> BrokenLink | None:
     """First broken link in ``events`` (ordered by version), or None.
+
+    ``after``: an event already verified (``audit.verify``'s verified-through point); ``events`` then
+    start at the version after it and link from its hash, and only they are hashed.
 
     ``head`` and ``state_version`` are the task row's chain head and version,
     so a deleted newest event is caught as well as an edited or missing one.
@@ -176,6 +180,9 @@ def verify_events(
     """
     keys = keys or {}
     prev, expected_version, keyed_from = GENESIS, 1, None  # keyed_from: the chain's first keyed version
+    if after is not None:
+        prev, expected_version = after.hash, after.state_version + 1
+        keyed_from = after.state_version if (getattr(after, "key_id", LEGACY) or LEGACY) != LEGACY else None
     for event in events:
         key_id = getattr(event, "key_id", LEGACY) or LEGACY
         if event.state_version != expected_version:

@@ -23,21 +23,33 @@ a CSV anyway, undo it (``cell_text``: one leading ``'`` off each cell), read
 export also names the head and version it was read up to (the JSON's
 ``"task"``), so ``audit.chain.verify_events`` can check the chain is whole.
 
+**Signed.** A JSON export ends with an Ed25519 signature by the anchor signing key over its canonical
+content, and each event carries the SHA-256 ``digest`` of its canonical JSON
+(``audit.export_check``, which says exactly what is signed): an auditor verifies it with the anchor
+public key alone (``manage.py verify_export``, ``scripts/verify_export.py``), never with the chain's
+secret. A process that does not hold ``AUDIT_ANCHOR_KEY`` writes the block as
+``{"unsigned": why}``, which every verifier refuses.
+
 Pure Python over already-read events: no queries here (the caller streams pages).
 """
 
 from __future__ import annotations
 
+import base64
 import csv
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from audit import canonical
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from audit import canonical, export_check
 from audit.chain import GENESIS, HASHED_FIELDS, LEGACY, OPTIONAL_HASHED_FIELDS
 
-FORMAT = "durable-agents/audit-export"
-FORMAT_VERSION = 2  # 2: events carry key_id; hashes are keyed (HMAC) unless key_id is empty
+FORMAT = export_check.FORMAT
+# 2: events carry key_id; hashes are keyed (HMAC) unless key_id is empty. 3: JSON events carry their
+# digest and the file ends with the anchor key's signature (audit.export_check).
+FORMAT_VERSION = 3
 CHAIN_FIELDS = (*HASHED_FIELDS, *OPTIONAL_HASHED_FIELDS)
 COLUMNS = ("event_id", *CHAIN_FIELDS, "prev_hash", "hash", "key_id")
 INTEGER_FIELDS = ("tenant_id", "state_version", "attempt")
@@ -76,15 +88,48 @@ def header(*, kind: str, exported_at: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-def stream_json(head: dict[str, Any], events: Iterable[Any]) -> Iterator[str]:
-    """``{...head, "events": [...], "count": n}`` one event per chunk; ends with the count."""
+def stream_json(
+    head: dict[str, Any], events: Iterable[Any], *, signer: Ed25519PrivateKey | None = None
+) -> Iterator[str]:
+    """``{...head, "events": [...], "count": n, "signature": {...}}``, one event per line and chunk.
+
+    Each event is written in canonical JSON with its ``digest``; the last chunk carries the count and
+    the signature by ``signer`` (the anchor signing key) over the header, every digest and the count
+    (``audit.export_check``). Without a signer the block says the export is unsigned, and why.
+    """
+    head = {**head, "signing": _signing(signer)}
+    signed = export_check.Signed(head)
     opening = json.dumps(head, ensure_ascii=False)
     yield opening[:-1] + ', "events": [\n'
-    count = 0
     for event in events:
-        yield ("" if count == 0 else ",\n") + json.dumps(event_record(event), ensure_ascii=False)
-        count += 1
-    yield f'\n], "count": {count}}}\n'
+        record = event_record(event)
+        record[export_check.DIGEST] = export_check.event_digest(record)
+        yield ("" if signed.count == 0 else ",\n") + export_check.canonical(record).decode()
+        signed.add(record[export_check.DIGEST])
+    block = _signature(signer, signed.hexdigest())
+    yield f'\n], "count": {signed.count}, "signature": {json.dumps(block)}}}\n'
+
+
+def _signing(signer: Ed25519PrivateKey | None) -> dict[str, Any]:
+    """What the header says of its signature (inside what is signed)."""
+    if signer is None:
+        return {"key": None, "algorithm": None}
+    return {
+        "algorithm": "ed25519",
+        "key": export_check.fingerprint(signer.public_key()),
+        "verify_with": "the anchor public key: manage.py audit_anchor --public-key",
+    }
+
+
+def _signature(signer: Ed25519PrivateKey | None, digest: str) -> dict[str, Any]:
+    if signer is None:
+        return {"unsigned": "this process does not hold the anchor signing key (AUDIT_ANCHOR_KEY)"}
+    return {
+        "algorithm": "ed25519",
+        "key": export_check.fingerprint(signer.public_key()),
+        "sha256": digest,
+        "value": base64.b64encode(signer.sign(export_check.message(digest))).decode(),
+    }
 
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n")

@@ -39,6 +39,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from audit import export_check
 from audit.chain import keyed_hash
 
 KEY_ID = re.compile(r"[A-Za-z0-9_.-]{1,32}")
@@ -127,10 +128,9 @@ def _decoded(text: str, name: str) -> bytes:
     return raw
 
 
-def fingerprint(public: Ed25519PublicKey) -> str:
-    """A public key's id in anchor files: the first 16 hex digits of SHA-256 of its raw bytes."""
-    raw = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return hashlib.sha256(raw).hexdigest()[:16]
+# A public key's id in anchor files and signed exports: the first 16 hex digits of SHA-256 of its raw
+# bytes (defined with the offline export check, which must not import this module).
+fingerprint = export_check.fingerprint
 
 
 def encode_private(private: Ed25519PrivateKey) -> str:
@@ -155,6 +155,15 @@ def anchor_signing_key() -> Ed25519PrivateKey:
             "(manage.py audit_anchor --generate-key prints one)"
         )
     return Ed25519PrivateKey.from_private_bytes(_decoded(text, "AUDIT_ANCHOR_KEY"))
+
+
+def held_signing_key() -> Ed25519PrivateKey | None:
+    """The anchor signing key if this process holds one (the ``audit`` worker, a single-host or demo
+    deployment), else None: web hosts normally hold only the public keys (README, "Running workers")."""
+    try:
+        return anchor_signing_key()
+    except ImproperlyConfigured:
+        return None
 
 
 def anchor_public_keys() -> dict[str, Ed25519PublicKey]:

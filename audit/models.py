@@ -158,3 +158,23 @@ class AnchorRun(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class VerifiedThrough(models.Model):
+    """How far a task's chain was last found whole, so a view hashes only the events after it.
+
+    A cache of a result, not evidence: ``mac`` is HMAC-SHA256 under a chain key (``key_id``) over
+    the task, version and hash, so a row planted or moved forward by someone without the chain key is
+    ignored (the chain is then verified in full). Not a foreign key: retention deletes the task as the
+    owner, and an orphan row (one per deleted task) is never read again (``audit.verify``).
+    """
+
+    task_id = models.UUIDField(primary_key=True)
+    state_version = models.PositiveIntegerField()
+    hash = models.CharField(max_length=64)  # the event at ``state_version``'s hash when verified
+    key_id = models.CharField(max_length=32)
+    mac = models.CharField(max_length=64)
+    verified_at = models.DateTimeField()  # when the whole chain was last verified (a mark expires)
+
+    def __str__(self) -> str:
+        return f"{self.task_id} verified through v{self.state_version}"

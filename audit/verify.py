@@ -12,17 +12,20 @@ tasks and knows no states.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import hashlib
+import hmac
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.migrations.recorder import MigrationRecorder
+from django.utils import timezone
 
 from audit.chain import BrokenLink, created_at_of, verify_events, verify_takeovers
-from audit.keys import anchor_public_keys, chain_keys
-from audit.models import LeaseTakeover, Tombstone, TransitionEvent
+from audit.keys import anchor_public_keys, chain_keys, current_chain_key
+from audit.models import LeaseTakeover, Tombstone, TransitionEvent, VerifiedThrough
 from audit.tombstones import seal_problem, signature_problem
 
 # The migration that gave events a key id: every event written since is keyed (audit.chain).
@@ -34,8 +37,8 @@ SIGNED_TOMBSTONES_MIGRATION = ("audit", "0010_anchor_doorbell_signed_tombstones"
 UNKNOWN = object()  # keyed_since not read yet
 
 # A check of what a verified chain says: (task id, events in version order, the task row's
-# state) -> the first problem, or None.
-PathCheck = Callable[[Any, Sequence[TransitionEvent], str], BrokenLink | None]
+# state[, the already verified event they follow]) -> the first problem, or None.
+PathCheck = Callable[..., BrokenLink | None]
 
 
 def in_force_since(migration: tuple[str, str]) -> datetime | None:
@@ -50,7 +53,14 @@ def keyed_since() -> datetime | None:
     return in_force_since(KEYED_MIGRATION)
 
 
-def verify_task(task: Any, *, path: PathCheck | None = None, keyed: Any = UNKNOWN) -> BrokenLink | None:
+def verify_task(
+    task: Any,
+    *,
+    path: PathCheck | None = None,
+    keyed: Any = UNKNOWN,
+    since_verified: bool = False,
+    remember: bool = False,
+) -> BrokenLink | None:
     """First broken link in the chain of ``task`` (anything with an ``id``), or None.
 
     Reads the task's head and version afresh together with its events and its
@@ -60,13 +70,105 @@ def verify_task(task: Any, *, path: PathCheck | None = None, keyed: Any = UNKNOW
     trust a red result. ``path``: also check what the linked events say (the
     tasks layer's transition table). ``keyed``: ``keyed_since()``, when the
     caller verifies many chains and read it once.
+
+    ``since_verified``: start from the task's ``VerifiedThrough`` mark (the console's views), hashing
+    only the events after it; see ``verified_base`` for what that still catches and what only the full
+    verification does. ``remember``: on success, move the mark to the head just verified.
     """
     since = keyed_since() if keyed is UNKNOWN else keyed
-    link = _verify_once(task.id, path, since)
-    return _verify_once(task.id, path, since) if link is not None else None
+    link = _verify_once(task.id, path, since, since_verified, remember)
+    return _verify_once(task.id, path, since, since_verified, remember) if link is not None else None
 
 
-def _verify_once(task_id: Any, path: PathCheck | None, since: datetime | None) -> BrokenLink | None:
+MARK_PREFIX = "durable-agents/verified-through/v1\n"
+# A mark older than this is not used: the next view verifies the whole chain again (and marks it anew),
+# so an edit at or before a mark that leaves the stored hash is seen by a view within a day too.
+MARK_MAX_AGE = timedelta(hours=24)
+
+
+def _mark_mac(secret: bytes, task_id: Any, version: int, head: str, at: datetime) -> str:
+    text = (
+        f"{MARK_PREFIX}{task_id}\n{version}\n{head}\n{at.astimezone(UTC).isoformat(timespec='microseconds')}"
+    )
+    return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
+
+
+class MarkBroken(Exception):
+    """The event a genuine mark vouches for is not what it was when verified."""
+
+    def __init__(self, link: BrokenLink) -> None:
+        self.link = link
+
+
+def verified_base(task_id: Any, state_version: int) -> tuple[TransitionEvent, datetime] | None:
+    """The event the chain was last verified through and when it was last verified in full, when
+    that mark can be trusted; else None.
+
+    A mark counts only with a valid MAC under a chain key this process holds (one planted or moved
+    forward without the key is ignored: the chain is then verified in full), and for ``MARK_MAX_AGE``
+    after the chain was last verified in full. Then the event at its version must still carry the
+    hash it had, and the task must not have gone below it (else ``MarkBroken``). So, against someone
+    without the chain key, a view still catches any edit or deletion of an event after the mark, a
+    rewritten hash of the marked event and a log cut below it. An edit of the fields of an event at
+    or before the mark that leaves its stored hash is caught by the first view after the mark expires
+    and by every full verification (the history's "verify the whole chain", ``verify_audit``, every
+    JSON export); a rewrite made with the chain key shows against the anchors (``--against``).
+    """
+    mark = VerifiedThrough.objects.filter(task_id=task_id).first()
+    secret = chain_keys().get(mark.key_id) if mark is not None else None
+    if mark is None or secret is None:
+        return None
+    expected = _mark_mac(secret, task_id, mark.state_version, mark.hash, mark.verified_at)
+    if not hmac.compare_digest(expected, mark.mac) or timezone.now() - mark.verified_at > MARK_MAX_AGE:
+        return None
+    if state_version < mark.state_version:
+        raise MarkBroken(
+            BrokenLink(
+                task_id, None, f"verified through v{mark.state_version}, the task is now at v{state_version}"
+            )
+        )
+    event = TransitionEvent.objects.filter(task_id=task_id, state_version=mark.state_version).first()
+    if event is None or not hmac.compare_digest(event.hash.encode(), mark.hash.encode()):
+        raise MarkBroken(
+            BrokenLink(
+                task_id,
+                mark.state_version,
+                f"missing or its hash changed since it was verified ({mark.verified_at:%Y-%m-%d %H:%M} UTC)",
+            )
+        )
+    return event, mark.verified_at
+
+
+def remember_verified(
+    task_id: Any, state_version: int, head: str, *, in_full_at: datetime | None = None
+) -> None:
+    """Mark the chain of ``task_id`` verified through ``state_version`` (whose event's hash is ``head``).
+
+    ``in_full_at``: when the whole chain was last verified, for a mark moved on incrementally (it keeps
+    its age, so it still expires ``MARK_MAX_AGE`` after that); None: now, a verification in full.
+    """
+    if state_version < 1:
+        return
+    key, now = current_chain_key(), in_full_at or timezone.now()
+    mark = VerifiedThrough(
+        task_id=task_id,
+        state_version=state_version,
+        hash=head,
+        key_id=key.id,
+        mac=_mark_mac(key.secret, task_id, state_version, head, now),
+        verified_at=now,
+    )
+    VerifiedThrough.objects.bulk_create(
+        [mark],
+        update_conflicts=True,
+        unique_fields=["task_id"],
+        update_fields=["state_version", "hash", "key_id", "mac", "verified_at"],
+    )
+
+
+def _verify_once(
+    task_id: Any, path: PathCheck | None, since: datetime | None, since_verified: bool, remember: bool
+) -> BrokenLink | None:
     # The task model through our own foreign key: audit sits below tasks and does not import it.
     task_model = TransitionEvent._meta.get_field("task").related_model
     with snapshot():
@@ -77,7 +179,15 @@ def _verify_once(task_id: Any, path: PathCheck | None, since: datetime | None) -
         )
         if row is None:
             return None  # gone with its history (retention): nothing left to disagree
-        events = list(TransitionEvent.objects.filter(task_id=task_id).order_by("state_version"))
+        try:
+            found = verified_base(task_id, row["state_version"]) if since_verified else None
+        except MarkBroken as broken:
+            return broken.link
+        base, in_full_at = found if found is not None else (None, None)
+        after = base.state_version if base is not None else 0
+        events = list(
+            TransitionEvent.objects.filter(task_id=task_id, state_version__gt=after).order_by("state_version")
+        )
         # Written in id order under the task's row lock; a reordering breaks the prev_hash links anyway.
         takeovers = list(LeaseTakeover.objects.filter(task_id=task_id).order_by("id"))
     # When takeovers were chained: read only for a task with an unchained (legacy) takeover, which is rare.
@@ -91,9 +201,17 @@ def _verify_once(task_id: Any, path: PathCheck | None, since: datetime | None) -
         state_version=row["state_version"],
         keys=chain_keys(),
         keyed_since=since,
+        after=base,
     )
     if link is None and path is not None:
-        link = path(task_id, events, row["state"])
+        link = (
+            path(task_id, events, row["state"], base)
+            if base is not None
+            else path(task_id, events, row["state"])
+        )
+    if link is None and remember and (base is None or base.state_version < row["state_version"]):
+        # A mark moved on keeps its age: only a verification of the whole chain renews it.
+        remember_verified(task_id, row["state_version"], row["audit_head"], in_full_at=in_full_at)
     return link
 
 

@@ -4,7 +4,8 @@ Read-only for everyone. Reads go through ``audit.selectors`` (keyset pages,
 never an unbounded query); the integrity badge is ``tasks.audit_paths.verify_chain``,
 the very check ``manage.py verify_audit`` runs, with how long ago the last anchor
 was taken: events since are covered by the chain key only. Exports stream page by page
-(``audit.export``) with every field the chain hashes, so they verify offline.
+(``audit.export``) with every field the chain hashes; the JSON ones are signed with the anchor key,
+so an auditor verifies them with its public key alone (``manage.py verify_export``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from django.views.decorators.http import require_safe
 from audit import export
 from audit import selectors as audit_selectors
 from audit.anchor import last_run
+from audit.chain import BrokenLink
+from audit.keys import held_signing_key
 from console.access import AUDIT_ROLES, get_task_for_auditing, tenant_ids_or_403
 from console.forms import ConsoleForm
 from tasks import registry
@@ -77,17 +80,25 @@ def search(request: HttpRequest) -> HttpResponse:
 def task_history(request: HttpRequest, task_id: UUID) -> HttpResponse:
     task = get_task_for_auditing(request.user, task_id)
     after = _version(request.GET.get("after"))
+    full = request.GET.get("verify") == "full"
     context = {
         "task": task,
         "page": audit_selectors.task_events(task.id, after_version=after, limit=HISTORY_PAGE),
         "earlier": max(after - HISTORY_PAGE, 0) if after else None,
-        "broken": verify_chain(task),  # the same check as manage.py verify_audit
+        "broken": integrity(task, full=full),
+        "full_verify": full,
         "anchored": _anchored(task),
         "takeovers": audit_selectors.task_takeovers(task.id, limit=TAKEOVERS_SHOWN),
         "takeovers_shown": TAKEOVERS_SHOWN,
         "tz": timezone.get_current_timezone_name(),
     }
     return render(request, "console/audit/task.html", context)
+
+
+def integrity(task: Any, *, full: bool = False) -> BrokenLink | None:
+    """The chain's first break, or None: the check ``manage.py verify_audit`` runs, hashing only the
+    events after the task's verified-through mark unless ``full`` (``audit.verify.verified_base``)."""
+    return verify_chain(task, since_verified=not full, remember=True)
 
 
 def _anchored(task: Any) -> dict[str, Any] | None:
@@ -121,7 +132,9 @@ def search_export(request: HttpRequest, fmt: str) -> HttpResponseBase:
 @login_required
 def task_export(request: HttpRequest, task_id: UUID, fmt: str) -> HttpResponseBase:
     task = get_task_for_auditing(request.user, task_id)
-    # The head and version were read with the task row; the export stops at that version.
+    # The head and version were read with the task row; the export stops at that version. The chain is
+    # verified in full (manage.py verify_audit's check) and what was found goes inside what is signed.
+    broken = verify_chain(task) if fmt == "json" else None
     head = {
         "task": {
             "id": str(task.id),
@@ -131,6 +144,13 @@ def task_export(request: HttpRequest, task_id: UUID, fmt: str) -> HttpResponseBa
         },
         "order": "chain order (state_version ascending)",
     }
+    if fmt == "json":
+        head["chain"] = {
+            "verified": broken is None,
+            "problem": str(broken) if broken else None,
+            "version": broken.state_version if broken else None,
+            "checked": "every link with the chain keys and the path through the transition table",
+        }
     events = audit_selectors.iter_task_events(task.id, upto_version=task.state_version)
     return _stream(fmt, f"audit-task-{task.id}-v{task.state_version}", "task", head, events)
 
@@ -144,7 +164,9 @@ def _stream(
     chunks = (
         export.stream_csv(events)
         if fmt == "csv"
-        else export.stream_json(export.header(kind=kind, exported_at=exported_at, **head), events)
+        else export.stream_json(
+            export.header(kind=kind, exported_at=exported_at, **head), events, signer=held_signing_key()
+        )
     )
     response = StreamingHttpResponse(chunks, content_type=EXPORT_TYPES[fmt])
     response["Content-Disposition"] = f'attachment; filename="{name}.{fmt}"'

@@ -37,7 +37,8 @@ from django.views.decorators.http import require_POST, require_safe
 
 from audit import sealing
 from audit.models import LeaseTakeover, TransitionEvent
-from console.access import can_operate, get_task_for_user
+from console import chain_guard
+from console.access import AUDIT_ROLES, can_operate, get_task_for_user
 from console.forms import DESTRUCTIVE, AnswerForm, CompensateForm, ControlForm, RerunForm, RevealForm
 from console.posting import Done, Refusal, form_post
 from console.quarantine import BEFORE_RELEASE
@@ -52,6 +53,7 @@ from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import Checkpoint, Lease, Task
 from tasks.states import RUNNABLE, TERMINAL, WAITING, ActorKind, State, Trigger
 from tasks.transitions import Actor
+from tenancy.selectors import has_role
 
 TIMELINE_PAGE = 50
 STORED_SHOWN = 20_000  # characters of an unreadable checkpoint shown as stored
@@ -625,6 +627,7 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
     if latest_point is not None and latest_point.document is not None and task.task_type in registry.names():
         step = registry.get(task.task_type).step(latest_point.document.step)
     operate = can_operate(request.user, task)
+    broken = chain_guard.broken_chain(task)  # the audit history's badge, shown here too
     answer_form = None
     if operate and task.state == State.WAITING_INPUT and isinstance(step, registry.RequestInput):
         answer_form = AnswerForm(
@@ -653,6 +656,11 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         "ledger": ledger,
         "usage": detail.usage,
         "controls": _control_forms(request, detail, draft, last_check, in_doubt),
+        "broken": broken,
+        "broken_at": chain_guard.where(broken) if broken else "",
+        "confirm_chain_field": chain_guard.CONFIRM_FIELD,
+        "full_verify": False,
+        "may_audit": has_role(request.user, task.tenant_id, *AUDIT_ROLES),
         "answer_form": answer_form,
         "rerun_form": rerun_form,
         # Sensitive fields masked; each may be revealed (operators, admins), recorded, from "revealable".
@@ -735,12 +743,25 @@ def _kept(request: HttpRequest, task: Task, form: str) -> Callable[[], None]:
 STALE = Refusal(StaleVersion, _conflict)
 
 
+def _chain_refused(request: HttpRequest, task: Task, form: str) -> HttpResponse | None:
+    """Back to the page, nothing changed, when the task's chain is broken and the post does not
+    confirm it (``console.chain_guard``); None when the post may go on."""
+    said = chain_guard.refusal(task, request.POST)
+    if said is None:
+        return None
+    _keep_draft(request, task, form, request.POST)
+    messages.error(request, said)
+    return redirect(_page(task))
+
+
 @login_required
 @require_POST
 def task_control(request: HttpRequest, task_id: UUID, control: str) -> HttpResponse:
     if control not in controls.CONTROLS:
         raise Http404("No such control")
     task = _operable(request, task_id)
+    if stopped := _chain_refused(request, task, control):
+        return stopped
     form = ControlForm(request.POST, control=control)
 
     def problem() -> str:
@@ -784,6 +805,8 @@ def task_control(request: HttpRequest, task_id: UUID, control: str) -> HttpRespo
 def task_answer(request: HttpRequest, task_id: UUID) -> HttpResponse:
     """Answer a task in ``waiting_input`` as an operator (``tasks.services.task_provide_input``)."""
     task = _operable(request, task_id)
+    if stopped := _chain_refused(request, task, "answer"):
+        return stopped
 
     def act(data: dict[str, Any]) -> Done:
         delivery = services.task_provide_input(
@@ -815,6 +838,8 @@ def task_answer(request: HttpRequest, task_id: UUID) -> HttpResponse:
 def task_rerun(request: HttpRequest, task_id: UUID) -> HttpResponse:
     """Start a new task that reruns a failed, expired or canceled one (``tasks.services.task_rerun``)."""
     task = _operable(request, task_id)
+    if stopped := _chain_refused(request, task, "rerun"):
+        return stopped
 
     def act(data: dict[str, Any]) -> Done:
         rerun, created = services.task_rerun(
@@ -843,6 +868,8 @@ def task_rerun(request: HttpRequest, task_id: UUID) -> HttpResponse:
 def task_compensate(request: HttpRequest, task_id: UUID) -> HttpResponse:
     """Undo an effect a canceled task left done, as a compensation run (``tasks.compensation``)."""
     task = _operable(request, task_id)
+    if stopped := _chain_refused(request, task, "compensate"):
+        return stopped
 
     def act(data: dict[str, Any]) -> Done:
         run, created = compensation.start(task, data["action"], user=request.user, reason=data["reason"])

@@ -68,13 +68,16 @@ def _refusal(event: TransitionEvent, source: State) -> str:
     return f"{move}: no such edge in the transition table"
 
 
-def path_problem(task_id: Any, events: Sequence[TransitionEvent], state: str) -> BrokenLink | None:
+def path_problem(
+    task_id: Any, events: Sequence[TransitionEvent], state: str, after: TransitionEvent | None = None
+) -> BrokenLink | None:
     """The first event of a linked chain that is not a valid step through the table, or None.
 
     ``events``: the task's events in version order (their links already verified);
-    ``state``: the task row's state.
+    ``state``: the task row's state; ``after``: the already verified event they follow (the
+    incremental check, ``audit.verify.verified_base``), None when they start at the creation.
     """
-    previous: TransitionEvent | None = None
+    previous: TransitionEvent | None = after
     for event in events:
         if event.actor_kind not in ActorKind.values:
             return BrokenLink(task_id, event.state_version, f"unknown actor kind {event.actor_kind!r}")
@@ -107,9 +110,15 @@ def path_problem(task_id: Any, events: Sequence[TransitionEvent], state: str) ->
     return None
 
 
-def verify_chain(task: Any, *, keyed: Any = UNKNOWN) -> BrokenLink | None:
-    """``audit.verify.verify_task`` with the path check: the whole of what ``verify_audit`` checks."""
-    return verify_task(task, path=path_problem, keyed=keyed)
+def verify_chain(
+    task: Any, *, keyed: Any = UNKNOWN, since_verified: bool = False, remember: bool = False
+) -> BrokenLink | None:
+    """``audit.verify.verify_task`` with the path check: the whole of what ``verify_audit`` checks.
+
+    ``since_verified``/``remember``: the console's incremental check (only events after the task's
+    verified-through mark are hashed) and moving that mark on success (``audit.verify``).
+    """
+    return verify_task(task, path=path_problem, keyed=keyed, since_verified=since_verified, remember=remember)
 
 
 def ring_after(task: Any, trigger: str, actions: Collection[object]) -> None:

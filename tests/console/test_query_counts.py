@@ -26,12 +26,15 @@ pytestmark = pytest.mark.django_db
 # Ceiling per page (session, user, roles, the approvals badge and the page's own reads all count).
 CEILING = {  # measured when written, plus a little room: 10, 19, 8, 9, 6, 6, 10, 6
     "queue": 13,
-    "task": 26,  # issue 24: + its A2A caller and push deliveries (reads.task_a2a, one query)
+    "task": 32,  # issue 24: + its A2A caller and push deliveries (reads.task_a2a, one query); issue 26:
+    # + the integrity badge (task row, verified-through mark, events after it, takeovers, keyed moment,
+    # moving the mark) and whether the user may audit (the links to the history and export)
     "approvals": 11,
     "approval": 13,  # issue 20: + earlier decisions, earlier effects, the second factor's device
     "quarantine": 9,
     "audit": 9,
-    "audit-task": 15,  # + the badge's anchor window (keyed moment, last anchor) and the takeover chain
+    "audit-task": 17,  # + the badge's anchor window (keyed moment, last anchor) and the takeover chain;
+    # issue 26: + the verified-through mark, read and moved
     "bulk-list": 8,
     "task-types": 9,  # 8 measured: the layout's, the caller's roles, the policy versions in force
 }
