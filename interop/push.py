@@ -55,7 +55,7 @@ import httpx
 from a2a.types import a2a_pb2
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef, QuerySet
+from django.db.models import Case, Exists, F, OuterRef, PositiveIntegerField, QuerySet, Value, When
 from django.utils import timezone
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
@@ -182,27 +182,11 @@ def masked_token(token: str) -> str:
     return "****" + token[-4:] if len(token) >= 16 else "****"
 
 
-def create_config(
-    task: Task,
-    *,
-    config_id: str,
-    url: str,
-    token: str = "",
-    auth_scheme: str = "",
-    credentials: str = "",
-    created_by: Any = None,
-) -> PushConfig:
-    """A live push config for ``task``; ``ssrf.UrlRefused`` when ``url`` may not be sent to.
-
-    The first delivery is the task's current status (the cursor starts one version back), so a
-    receiver learns where the task stands before it hears of the next change."""
-    ssrf.screen(url)
-    return _create(task, config_id, url, token, auth_scheme, credentials, created_by)
-
-
 def _create(
     task: Task, config_id: str, url: str, token: str, auth_scheme: str, credentials: str, created_by: Any
 ) -> PushConfig:
+    """The new config's row, its secrets sealed. The first delivery is the task's current status (the
+    cursor starts one version back), so a receiver learns where the task stands before the next change."""
     pk = uuid.uuid4()
     secrets = {"token": sealing.seal(token, secret_place(pk, "token"))}
     if credentials:
@@ -275,34 +259,64 @@ def idempotency_id(task_id: Any, state_version: int) -> str:
 
 
 def enqueue(*, now: datetime | None = None) -> int:
-    """Write the deliveries of every status change past each live config's cursor; how many new."""
+    """Write the deliveries of every status change past each live config's cursor; how many new.
+
+    A fixed number of statements however many configs are behind (the sender runs this every few
+    tenths of a second under load): the configs behind, their tasks' transitions past the lowest
+    cursor, then one transaction that inserts every new delivery and moves every cursor forward."""
     now = now or timezone.now()
-    written = 0
-    behind = PushConfig.objects.filter(deleted_at__isnull=True, task__state_version__gt=F("cursor"))
-    for config in behind.only("id", "task_id", "cursor"):
-        events = list(
-            TransitionEvent.objects.filter(task_id=config.task_id, state_version__gt=config.cursor)
-            .order_by("state_version")
-            .values_list("state_version", "created_at")
+    behind = list(
+        PushConfig.objects.filter(deleted_at__isnull=True, task__state_version__gt=F("cursor")).values_list(
+            "id", "task_id", "cursor"
         )
-        if not events:
+    )
+    if not behind:
+        return 0
+    changes: dict[Any, list[tuple[int, datetime]]] = {}
+    for task_id, version, changed_at in (
+        TransitionEvent.objects.filter(
+            task_id__in={task_id for _, task_id, _ in behind},
+            state_version__gt=min(cursor for _, _, cursor in behind),
+        )
+        .order_by("state_version")
+        .values_list("task_id", "state_version", "created_at")
+    ):
+        changes.setdefault(task_id, []).append((version, changed_at))
+    rows: list[PushDelivery] = []
+    moved: dict[Any, int] = {}
+    for config_id, task_id, cursor in behind:
+        new = [(version, at) for version, at in changes.get(task_id, []) if version > cursor]
+        if not new:
             continue
-        rows = [
+        moved[config_id] = new[-1][0]
+        rows += [
             PushDelivery(
-                config_id=config.pk,
-                task_id=config.task_id,
+                config_id=config_id,
+                task_id=task_id,
                 state_version=version,
-                idempotency_id=idempotency_id(config.task_id, version),
+                idempotency_id=idempotency_id(task_id, version),
                 next_attempt_at=now,
                 changed_at=changed_at,
                 created_at=now,
             )
-            for version, changed_at in events
+            for version, changed_at in new
         ]
-        with transaction.atomic():
-            written += len(PushDelivery.objects.bulk_create(rows, ignore_conflicts=True))
-            # Only forward: two enqueuers racing never move the cursor back.
-            PushConfig.objects.filter(pk=config.pk, cursor__lt=events[-1][0]).update(cursor=events[-1][0])
+    if not rows:
+        return 0
+    with transaction.atomic():
+        written = len(PushDelivery.objects.bulk_create(rows, ignore_conflicts=True))
+        # Only forward: two enqueuers racing never move a cursor back. A crash before this commit
+        # writes nothing; the rows written again later are dropped by the (config, version) constraint.
+        PushConfig.objects.filter(pk__in=list(moved)).update(
+            cursor=Case(
+                *(
+                    When(pk=config_id, cursor__lt=version, then=Value(version))
+                    for config_id, version in moved.items()
+                ),
+                default=F("cursor"),
+                output_field=PositiveIntegerField(),
+            )
+        )
     return written
 
 
@@ -434,27 +448,39 @@ def post(ready: Ready) -> Outcome:
 
 
 def record(outcomes: list[tuple[PushDelivery, Outcome]]) -> int:
-    """Write the outcomes of sent deliveries, in one transaction; how many were delivered."""
+    """Write the outcomes of sent deliveries, in one transaction (the delivered ones, the usual case, in
+    one statement per receiver status); how many were delivered."""
     now = timezone.now()
+    pending = PushDelivery.objects.filter(status=PushDelivery.Status.PENDING)
+    delivered: dict[int | None, list[int]] = {}
     with transaction.atomic():
         for delivery, outcome in outcomes:
+            if outcome.delivered:
+                delivered.setdefault(outcome.status, []).append(delivery.pk)
+                continue
             attempts = delivery.attempts + 1
             changes: dict[str, Any] = {
                 "attempts": attempts,
                 "last_status": outcome.status,
                 "last_error": outcome.error,
             }
-            if outcome.delivered:
-                changes.update(status=PushDelivery.Status.DELIVERED, delivered_at=now)
-            elif outcome.final or attempts >= settings.A2A_PUSH_MAX_ATTEMPTS:
+            if outcome.final or attempts >= settings.A2A_PUSH_MAX_ATTEMPTS:
                 changes.update(status=PushDelivery.Status.FAILED)
                 log.warning(
                     "push delivery failed", extra={"delivery": delivery.idempotency_id, "attempts": attempts}
                 )
             else:
                 changes.update(next_attempt_at=now + backoff(attempts))
-            PushDelivery.objects.filter(pk=delivery.pk, status=PushDelivery.Status.PENDING).update(**changes)
-    return sum(outcome.delivered for _, outcome in outcomes)
+            pending.filter(pk=delivery.pk).update(**changes)
+        for status, keys in delivered.items():
+            pending.filter(pk__in=keys).update(
+                status=PushDelivery.Status.DELIVERED,
+                delivered_at=now,
+                attempts=F("attempts") + 1,  # the row is leased to this sender: as read, plus this one
+                last_status=status,
+                last_error="",
+            )
+    return sum(len(keys) for keys in delivered.values())
 
 
 PARALLEL = 8  # POSTs in flight at once per sender, each to another config

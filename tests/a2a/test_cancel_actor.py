@@ -14,8 +14,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from a2a.types import a2a_pb2
 from django.utils import timezone
 
+from a2a_api.rpc import error_metadata
 from audit.models import TransitionEvent
 from runtime import controls
 from tasks.audit_paths import verify_chain
@@ -23,7 +25,8 @@ from tasks.models import Task
 from tasks.states import ActorKind, State
 from tenancy.models import Role
 from tenancy.services import token_create
-from tests.a2a.test_jsonrpc import rpc
+from tests.a2a.loop import run_async
+from tests.a2a.test_jsonrpc import data_message, rpc, with_client
 from tests.conftest import REFUND_INPUT, api_client_for, make_task, make_user
 
 
@@ -88,7 +91,7 @@ def test_an_integrator_cannot_cancel_a_task_another_integrator_of_its_tenant_sta
     refused = rpc(client, other_key, "CancelTask", {"id": task_id}).json()
 
     assert refused["error"]["code"] == -32002  # TaskNotCancelable
-    assert refused["error"]["data"]["reason"] == "not_started_by_caller"
+    assert error_metadata(refused["error"])["reason"] == "not_started_by_caller"
     after = Task.objects.get(pk=task_id)
     assert (after.state, after.state_version) == (before.state, before.state_version)  # nothing written
 
@@ -102,7 +105,7 @@ def test_a_task_started_over_rest_by_someone_else_cannot_be_canceled_by_an_a2a_i
 
     refused = rpc(client, key, "CancelTask", {"id": str(task.id)}).json()
 
-    assert refused["error"]["data"]["reason"] == "not_started_by_caller"
+    assert error_metadata(refused["error"])["reason"] == "not_started_by_caller"
     assert Task.objects.get(pk=task.pk).state == State.READY
 
 
@@ -154,3 +157,44 @@ def test_rest_operator_controls_still_refuse_an_integrator_even_on_its_own_task(
     assert answer.status_code == 403
     assert Task.objects.get(pk=task.pk).state == State.READY
     assert api.get(f"/api/tasks/{task.id}/").json()["allowed_transitions"] == []  # no cancel offered
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sdk_client_reads_the_error_data_our_refusals_carry(a2a_settings, acme):
+    _, _, owner_key = caller(acme, "agent-a")
+    _, _, other_key = caller(acme, "agent-b")
+
+    async def start(client):
+        message = data_message("sdk-1", {"task_type": "refund_request", "input": REFUND_INPUT})
+        return [event async for event in client.send_message(a2a_pb2.SendMessageRequest(message=message))]
+
+    task_id = run_async(with_client(owner_key, start))[0].task.id
+
+    async def refused(client, request):
+        try:
+            await request(client)
+        except Exception as error:  # the a2a-sdk's error class for the code, ``data`` from our ErrorInfo
+            return error
+        raise AssertionError("not refused")
+
+    cancel = await_cancel(task_id)
+    not_cancelable = run_async(with_client(other_key, lambda client: refused(client, cancel)))
+    assert type(not_cancelable).__name__ == "TaskNotCancelableError"
+    assert not_cancelable.data["reason"] == "not_started_by_caller"
+
+    async def bad_input(client):
+        wrong = data_message(
+            "sdk-2", {"task_type": "refund_request", "input": {**REFUND_INPUT, "amount": "lots"}}
+        )
+        return [event async for event in client.send_message(a2a_pb2.SendMessageRequest(message=wrong))]
+
+    invalid = run_async(with_client(owner_key, lambda client: refused(client, bad_input)))
+    assert type(invalid).__name__ == "InvalidParamsError"
+    assert invalid.data["field"] == "message.parts.data.input"  # the field is named to SDK callers
+
+
+def await_cancel(task_id: str):
+    async def cancel(client):
+        return await client.cancel_task(a2a_pb2.CancelTaskRequest(id=task_id))
+
+    return cancel
