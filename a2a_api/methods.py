@@ -54,7 +54,7 @@ from tasks.models import Task
 from tasks.selectors import roles_in
 from tasks.states import TERMINAL, ActorKind, State
 from tasks.transitions import Actor
-from tenancy.models import FEED_ROLES, Role, Tenant
+from tenancy.models import FEED_ROLES, Tenant
 from tenancy.selectors import tenants_for
 
 MAX_MESSAGE_ID = 190  # the task's idempotency key is "a2a:<messageId>" (200 characters at most)
@@ -498,25 +498,29 @@ def list_tasks(call: Call) -> dict[str, Any]:
 def cancel_task(call: Call) -> dict[str, Any]:
     """A cancel request through our operator control (``runtime.controls``): the task goes to
     ``cancel_requested`` (reads ``WORKING``) and its worker stops it at the next safe point, then
-    ``CANCELED``. Allowed to the caller whose roles allow a cancel (operator, admin), and to the caller
-    that started the task over A2A (its own request), recorded as that user. A finished task:
-    ``TaskNotCancelable``."""
+    ``CANCELED``. Allowed to a caller whose roles allow a cancel (operator, admin: recorded as such),
+    and to an integrator for a task it started itself (``controls.started_by``), recorded as the
+    integrator kind with the calling client in the reason. Another integrator's task of the same
+    tenant, which ``GetTask`` shows the caller, answers ``TaskNotCancelable`` with
+    ``data.reason`` ``not_started_by_caller`` (not ``TaskNotFound``: the task is visible to it).
+    A finished task: ``TaskNotCancelable``."""
     request = parse(call.params, a2a_pb2.CancelTaskRequest())
     task = visible_task(call, request.id)
     if task.state in TERMINAL:
         raise _not_cancelable(task)
-    roles = roles_in(call.user, task)
-    started_it = A2AMessage.objects.filter(task=task, kind=A2AMessage.Kind.START, caller=call.user).exists()
-    if started_it:
-        roles = roles | {Role.OPERATOR}
-    reason = "canceled by its A2A caller"
+    reason = f"canceled by its A2A caller ({_client(call)})"
     if request.HasField("metadata") and isinstance(
         request.metadata["reason"] if "reason" in request.metadata else None, str
     ):
         reason = f"{reason}: {request.metadata['reason']}"[:2000]
     try:
         controls.task_control(
-            task, "cancel", user=call.user, roles=roles, expected_version=task.state_version, reason=reason
+            task,
+            "cancel",
+            user=call.user,
+            roles=roles_in(call.user, task),
+            expected_version=task.state_version,
+            reason=reason,
         )
     except StaleVersion:
         raise RpcError(
@@ -530,10 +534,19 @@ def cancel_task(call: Call) -> dict[str, Any]:
             raise _not_cancelable(current) from None
         raise RpcError(
             Code.TASK_NOT_CANCELABLE,
-            "Your roles do not allow canceling this task (only its A2A caller, an operator or an admin).",
-            {"state": current.state},
+            "Only the caller that started this task, an operator or an admin may cancel it.",
+            {"state": current.state, "reason": "not_started_by_caller"},
         ) from None
     return task_result(Task.objects.select_related("tenant", "owner").get(pk=task.pk))
+
+
+def _client(call: Call) -> str:
+    """The calling client as the audit event's reason names it: its API token's name and prefix
+    (never the secret; the User-Agent, free text of the caller's choosing, stays on ``A2AMessage``)."""
+    if call.token is None:
+        return "no token"
+    named = f'"{call.token.name}" ' if call.token.name else ""
+    return f"token {named}{call.token.prefix}"
 
 
 def _not_cancelable(task: Task) -> RpcError:

@@ -39,9 +39,18 @@ class Code(IntEnum):
     VERSION_NOT_SUPPORTED = -32009
 
 
+ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
+ERROR_DOMAIN = "a2a-protocol.org"
+
+
 class RpcError(Exception):
     """A refusal the caller is told about as a JSON-RPC error. ``data`` names what was wrong (a field,
-    our state, a reason code) so a calling agent can act on it without parsing the message."""
+    our state, a reason code) so a calling agent can act on it without parsing the message.
+
+    On the wire ``error.data`` is what A2A v1.0 and the a2a-sdk's client read: a list holding one
+    ``google.rpc.ErrorInfo``-shaped object, ``{"@type": ERROR_INFO_TYPE, "reason": <the code's name,
+    e.g. TASK_NOT_FOUND>, "domain": "a2a-protocol.org", "metadata": <data>}``; the SDK's client raises
+    the code's error class with ``metadata`` as its ``.data`` (``error.data["field"]``)."""
 
     def __init__(self, code: Code, message: str, data: dict[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -50,10 +59,21 @@ class RpcError(Exception):
         self.data = data or {}
 
     def as_error(self) -> dict[str, Any]:
-        error: dict[str, Any] = {"code": int(self.code), "message": self.message}
-        if self.data:
-            error["data"] = self.data
-        return error
+        info = {
+            "@type": ERROR_INFO_TYPE,
+            "reason": self.code.name,
+            "domain": ERROR_DOMAIN,
+            "metadata": self.data,
+        }
+        return {"code": int(self.code), "message": self.message, "data": [info]}
+
+
+def error_metadata(error: dict[str, Any]) -> dict[str, Any]:
+    """The ``metadata`` of a JSON-RPC error object's ErrorInfo (what ``RpcError.data`` was); {} if none."""
+    for item in error.get("data") or []:
+        if isinstance(item, dict) and item.get("@type") == ERROR_INFO_TYPE:
+            return dict(item.get("metadata") or {})
+    return {}
 
 
 @dataclass

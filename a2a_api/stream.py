@@ -47,9 +47,7 @@ from a2a.types import a2a_pb2
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 from django.http import Http404, StreamingHttpResponse
-from django.utils import timezone
 from google.protobuf import json_format
 
 from a2a_api import methods
@@ -61,7 +59,7 @@ from protection.reveal import masked_outcome
 from reads import visibility
 from tasks.models import Task
 from tasks.states import State
-from tenancy.models import ApiToken
+from tenancy.services import token_still_usable
 
 logger = logging.getLogger(__name__)
 
@@ -189,16 +187,8 @@ class TaskStream:
 
     def _still_allowed(self) -> Task | None:
         """The task, re-read as the caller may see it now; None when its token or its access ended."""
-        now = timezone.now()
-        if self.token_id is not None:
-            usable = ApiToken.objects.filter(
-                Q(expires_at__isnull=True) | Q(expires_at__gt=now),
-                pk=self.token_id,
-                revoked_at__isnull=True,
-                user__is_active=True,
-            )
-            if not usable.exists():
-                return None
+        if self.token_id is not None and not token_still_usable(self.token_id):
+            return None
         try:
             return visibility.get_visible_task(self.user, self.task.id)
         except Http404:

@@ -18,11 +18,13 @@ What it measures
     Push delivery: after the measured phases, ``--push-tasks`` more A2A tasks (default ``--tasks``, at
     most 100) whose ``SendMessage`` carries a push config (``configuration.taskPushNotificationConfig``)
     naming a receiver on loopback, a thread of this process that records the first arrival of each
-    ``X-Push-Idempotency-Id`` and answers 200. The workers' ``--sweep`` threads send, every
-    ``A2A_PUSH_INTERVAL`` seconds (``--push-interval``; the setting's default unless given): the
-    interval bounds the figure. A status change's latency is its first arrival less its transition's
-    ``created_at`` (stamped in the transaction, just before its commit; one clock: one machine); p50
-    and p99. A phase of its own, so that the senders' work does not weigh on A2A's side of the ratio.
+    ``X-Push-Idempotency-Id`` and answers 200. The workers' ``--sweep`` threads send
+    (``runtime.pushes``: while busy they look for new changes every 0.2 s, idle every
+    ``A2A_PUSH_INTERVAL`` seconds, ``--push-interval``; the setting's default unless given; up to 8
+    POSTs in flight each, one per config). A status change's latency is its first arrival less its
+    transition's ``created_at`` (stamped in the transaction, just before its commit; one clock: one
+    machine); p50 and p99. A phase of its own, so that the senders' work does not weigh on A2A's side
+    of the ratio.
 
     The REST API's per-user throttle (``API_THROTTLE_USER``, 600/min by default) is raised for the
     run: one caller here sends hundreds of requests a second. A2A has no throttle of its own.

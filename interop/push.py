@@ -43,7 +43,9 @@ import json
 import logging
 import random
 import re
+import time
 import uuid
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -53,7 +55,7 @@ import httpx
 from a2a.types import a2a_pb2
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef, QuerySet
+from django.db.models import Case, Exists, F, OuterRef, PositiveIntegerField, QuerySet, Value, When
 from django.utils import timezone
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
@@ -180,27 +182,11 @@ def masked_token(token: str) -> str:
     return "****" + token[-4:] if len(token) >= 16 else "****"
 
 
-def create_config(
-    task: Task,
-    *,
-    config_id: str,
-    url: str,
-    token: str = "",
-    auth_scheme: str = "",
-    credentials: str = "",
-    created_by: Any = None,
-) -> PushConfig:
-    """A live push config for ``task``; ``ssrf.UrlRefused`` when ``url`` may not be sent to.
-
-    The first delivery is the task's current status (the cursor starts one version back), so a
-    receiver learns where the task stands before it hears of the next change."""
-    ssrf.screen(url)
-    return _create(task, config_id, url, token, auth_scheme, credentials, created_by)
-
-
 def _create(
     task: Task, config_id: str, url: str, token: str, auth_scheme: str, credentials: str, created_by: Any
 ) -> PushConfig:
+    """The new config's row, its secrets sealed. The first delivery is the task's current status (the
+    cursor starts one version back), so a receiver learns where the task stands before the next change."""
     pk = uuid.uuid4()
     secrets = {"token": sealing.seal(token, secret_place(pk, "token"))}
     if credentials:
@@ -229,7 +215,7 @@ def secret(config: PushConfig, name: str) -> str:
 # --- the payload and its signature ----------------------------------------------------------------
 
 
-def status_update(task: Task, event: TransitionEvent, context_id: str) -> a2a_pb2.StreamResponse:
+def status_update(task_id: Any, event: TransitionEvent, context_id: str) -> a2a_pb2.StreamResponse:
     """One status change as A2A sees it: the state our table maps to, our own facts in metadata."""
     reading = states.reading(event.to_state)
     stamp = timestamp_pb2.Timestamp()
@@ -244,7 +230,7 @@ def status_update(task: Task, event: TransitionEvent, context_id: str) -> a2a_pb
         }
     )
     update = a2a_pb2.TaskStatusUpdateEvent(
-        task_id=str(task.id),
+        task_id=str(task_id),
         context_id=context_id,
         status=a2a_pb2.TaskStatus(state=reading.a2a, timestamp=stamp),  # type: ignore[arg-type]
         metadata=metadata,
@@ -273,34 +259,64 @@ def idempotency_id(task_id: Any, state_version: int) -> str:
 
 
 def enqueue(*, now: datetime | None = None) -> int:
-    """Write the deliveries of every status change past each live config's cursor; how many new."""
+    """Write the deliveries of every status change past each live config's cursor; how many new.
+
+    A fixed number of statements however many configs are behind (the sender runs this every few
+    tenths of a second under load): the configs behind, their tasks' transitions past the lowest
+    cursor, then one transaction that inserts every new delivery and moves every cursor forward."""
     now = now or timezone.now()
-    written = 0
-    behind = PushConfig.objects.filter(deleted_at__isnull=True, task__state_version__gt=F("cursor"))
-    for config in behind.only("id", "task_id", "cursor"):
-        events = list(
-            TransitionEvent.objects.filter(task_id=config.task_id, state_version__gt=config.cursor)
-            .order_by("state_version")
-            .values_list("state_version", "created_at")
+    behind = list(
+        PushConfig.objects.filter(deleted_at__isnull=True, task__state_version__gt=F("cursor")).values_list(
+            "id", "task_id", "cursor"
         )
-        if not events:
+    )
+    if not behind:
+        return 0
+    changes: dict[Any, list[tuple[int, datetime]]] = {}
+    for task_id, version, changed_at in (
+        TransitionEvent.objects.filter(
+            task_id__in={task_id for _, task_id, _ in behind},
+            state_version__gt=min(cursor for _, _, cursor in behind),
+        )
+        .order_by("state_version")
+        .values_list("task_id", "state_version", "created_at")
+    ):
+        changes.setdefault(task_id, []).append((version, changed_at))
+    rows: list[PushDelivery] = []
+    moved: dict[Any, int] = {}
+    for config_id, task_id, cursor in behind:
+        new = [(version, at) for version, at in changes.get(task_id, []) if version > cursor]
+        if not new:
             continue
-        rows = [
+        moved[config_id] = new[-1][0]
+        rows += [
             PushDelivery(
-                config_id=config.pk,
-                task_id=config.task_id,
+                config_id=config_id,
+                task_id=task_id,
                 state_version=version,
-                idempotency_id=idempotency_id(config.task_id, version),
+                idempotency_id=idempotency_id(task_id, version),
                 next_attempt_at=now,
                 changed_at=changed_at,
                 created_at=now,
             )
-            for version, changed_at in events
+            for version, changed_at in new
         ]
-        with transaction.atomic():
-            written += len(PushDelivery.objects.bulk_create(rows, ignore_conflicts=True))
-            # Only forward: two enqueuers racing never move the cursor back.
-            PushConfig.objects.filter(pk=config.pk, cursor__lt=events[-1][0]).update(cursor=events[-1][0])
+    if not rows:
+        return 0
+    with transaction.atomic():
+        written = len(PushDelivery.objects.bulk_create(rows, ignore_conflicts=True))
+        # Only forward: two enqueuers racing never move a cursor back. A crash before this commit
+        # writes nothing; the rows written again later are dropped by the (config, version) constraint.
+        PushConfig.objects.filter(pk__in=list(moved)).update(
+            cursor=Case(
+                *(
+                    When(pk=config_id, cursor__lt=version, then=Value(version))
+                    for config_id, version in moved.items()
+                ),
+                default=F("cursor"),
+                output_field=PositiveIntegerField(),
+            )
+        )
     return written
 
 
@@ -354,30 +370,72 @@ class Outcome:
     final: bool = False  # no retry can help (the URL is refused now)
 
 
-def _send(delivery: PushDelivery) -> Outcome:
-    config = PushConfig.objects.get(pk=delivery.config_id)
-    task = Task.objects.get(pk=delivery.task_id)
-    event = TransitionEvent.objects.get(task_id=delivery.task_id, state_version=delivery.state_version)
-    context_id = (
-        A2AMessage.objects.filter(task_id=task.id).order_by("id").values_list("context_id", flat=True).first()
-    ) or str(task.id)
+@dataclass(frozen=True)
+class Ready:
+    """A claimed delivery with everything its POST needs, read for a whole batch at once (``prepare``):
+    sending it (``post``) touches no database, so any thread may."""
+
+    delivery: PushDelivery
+    url: str
+    body: bytes
+    token: str
+    authorization: str
+
+
+def prepare(batch: list[PushDelivery]) -> list[Ready]:
+    """The batch's configs, transitions and context ids in three queries (not three per delivery)."""
+    if not batch:
+        return []
+    configs = PushConfig.objects.in_bulk([row.config_id for row in batch])
+    wanted = {(row.task_id, row.state_version) for row in batch}
+    events = {
+        (event.task_id, event.state_version): event
+        for event in TransitionEvent.objects.filter(
+            task_id__in={task for task, _ in wanted}, state_version__in={version for _, version in wanted}
+        ).only("task_id", "state_version", "to_state", "reason_code", "created_at")
+        if (event.task_id, event.state_version) in wanted
+    }
+    contexts: dict[Any, str] = {}
+    for task_id, context_id in (
+        A2AMessage.objects.filter(task_id__in={task for task, _ in wanted})
+        .order_by("-id")
+        .values_list("task_id", "context_id")
+    ):
+        contexts[task_id] = context_id  # newest first: the first message's wins
+    ready = []
+    for row in batch:
+        config, event = configs[row.config_id], events[(row.task_id, row.state_version)]
+        context_id = contexts.get(row.task_id) or str(row.task_id)
+        credentials = secret(config, "credentials")
+        authorization = f"{config.auth_scheme} {credentials}" if config.auth_scheme and credentials else ""
+        ready.append(
+            Ready(
+                delivery=row,
+                url=config.url,
+                body=body_of(status_update(row.task_id, event, context_id)),
+                token=secret(config, "token"),
+                authorization=authorization,
+            )
+        )
+    return ready
+
+
+def post(ready: Ready) -> Outcome:
+    """Screen the URL again (the name may resolve elsewhere today) and POST to the address screened."""
     try:
-        screened = ssrf.screen(config.url)  # again at send time: the name may resolve elsewhere today
+        screened = ssrf.screen(ready.url)
     except ssrf.UrlRefused as refused:
         return Outcome(False, None, f"refused: {refused}", final=True)
     url, host = pinned(screened)
-    body = body_of(status_update(task, event, context_id))
-    token = secret(config, "token")
-    headers = {"Content-Type": "application/json", IDEMPOTENCY_HEADER: delivery.idempotency_id, **host}
-    if token:
-        headers.update({TOKEN_HEADER: token, SIGNATURE_HEADER: signature(body, token)})
-    credentials = secret(config, "credentials")
-    if config.auth_scheme and credentials:
-        headers["Authorization"] = f"{config.auth_scheme} {credentials}"
+    headers = {"Content-Type": "application/json", IDEMPOTENCY_HEADER: ready.delivery.idempotency_id, **host}
+    if ready.token:
+        headers.update({TOKEN_HEADER: ready.token, SIGNATURE_HEADER: signature(ready.body, ready.token)})
+    if ready.authorization:
+        headers["Authorization"] = ready.authorization
     try:
         response = http.client().post(
             url,
-            content=body,
+            content=ready.body,
             headers=headers,
             timeout=settings.A2A_PUSH_TIMEOUT,
             follow_redirects=False,  # a redirect could point anywhere the screen would refuse
@@ -389,36 +447,118 @@ def _send(delivery: PushDelivery) -> Outcome:
     return Outcome(False, response.status_code, response.text[:ERROR_SHOWN])
 
 
-def _record(delivery: PushDelivery, outcome: Outcome) -> None:
+def record(outcomes: list[tuple[PushDelivery, Outcome]]) -> int:
+    """Write the outcomes of sent deliveries, in one transaction (the delivered ones, the usual case, in
+    one statement per receiver status); how many were delivered."""
     now = timezone.now()
-    attempts = delivery.attempts + 1
-    changes: dict[str, Any] = {
-        "attempts": attempts,
-        "last_status": outcome.status,
-        "last_error": outcome.error,
-    }
-    if outcome.delivered:
-        changes.update(status=PushDelivery.Status.DELIVERED, delivered_at=now)
-    elif outcome.final or attempts >= settings.A2A_PUSH_MAX_ATTEMPTS:
-        changes.update(status=PushDelivery.Status.FAILED)
-        log.warning("push delivery failed", extra={"delivery": delivery.idempotency_id, "attempts": attempts})
-    else:
-        changes.update(next_attempt_at=now + backoff(attempts))
-    PushDelivery.objects.filter(pk=delivery.pk, status=PushDelivery.Status.PENDING).update(**changes)
+    pending = PushDelivery.objects.filter(status=PushDelivery.Status.PENDING)
+    delivered: dict[int | None, list[int]] = {}
+    with transaction.atomic():
+        for delivery, outcome in outcomes:
+            if outcome.delivered:
+                delivered.setdefault(outcome.status, []).append(delivery.pk)
+                continue
+            attempts = delivery.attempts + 1
+            changes: dict[str, Any] = {
+                "attempts": attempts,
+                "last_status": outcome.status,
+                "last_error": outcome.error,
+            }
+            if outcome.final or attempts >= settings.A2A_PUSH_MAX_ATTEMPTS:
+                changes.update(status=PushDelivery.Status.FAILED)
+                log.warning(
+                    "push delivery failed", extra={"delivery": delivery.idempotency_id, "attempts": attempts}
+                )
+            else:
+                changes.update(next_attempt_at=now + backoff(attempts))
+            pending.filter(pk=delivery.pk).update(**changes)
+        for status, keys in delivered.items():
+            pending.filter(pk__in=keys).update(
+                status=PushDelivery.Status.DELIVERED,
+                delivered_at=now,
+                attempts=F("attempts") + 1,  # the row is leased to this sender: as read, plus this one
+                last_status=status,
+                last_error="",
+            )
+    return sum(len(keys) for keys in delivered.values())
+
+
+PARALLEL = 8  # POSTs in flight at once per sender, each to another config
+
+
+class Pipeline:
+    """Sends in parallel, each config's deliveries in version order, a slow receiver holding only its slot.
+
+    ``step`` enqueues the status changes committed since the last step, claims up to the free slots
+    (``_claim`` gives one delivery per config, its first pending one; the claimed row stays pending
+    until recorded, so the config's next version waits for it, in this process or any other), reads
+    what the POSTs need in three queries, and hands each POST to a thread; ``collect`` records those
+    that finished, in one transaction. A receiver that takes its whole ``A2A_PUSH_TIMEOUT`` holds one
+    of ``PARALLEL`` slots meanwhile, never the others. Killed at any point: a claimed row's lease
+    (three timeouts) runs out and another sender sends it again (at least once).
+    """
+
+    def __init__(self, parallel: int = PARALLEL, *, enqueue_every: float = 0.0) -> None:
+        self.parallel = parallel
+        self.enqueue_every = enqueue_every  # seconds between enqueues, however often ``step`` runs
+        self.enqueued_at = float("-inf")
+        self.pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="push-post")
+        self.in_flight: dict[Future[Outcome], PushDelivery] = {}
+
+    def step(self, *, limit: int | None = None) -> int:
+        """Enqueue (at most every ``enqueue_every`` seconds) and start sending what is due; how many
+        POSTs started."""
+        if time.monotonic() - self.enqueued_at >= self.enqueue_every:
+            enqueue()
+            self.enqueued_at = time.monotonic()
+        free = self.parallel - len(self.in_flight)
+        if limit is not None:
+            free = min(free, limit)
+        if free <= 0:
+            return 0
+        ready = prepare(_claim(free, timezone.now()))
+        for one in ready:
+            self.in_flight[self.pool.submit(post, one)] = one.delivery
+        return len(ready)
+
+    def collect(self, timeout: float | None = 0) -> int:
+        """Record the POSTs that finished within ``timeout`` seconds (None: all); how many delivered."""
+        if not self.in_flight:
+            return 0
+        until = ALL_COMPLETED if timeout is None else FIRST_COMPLETED
+        done, _ = wait(list(self.in_flight), timeout=timeout, return_when=until)
+        outcomes = [(self.in_flight.pop(future), _outcome(future)) for future in done]
+        return record(outcomes)
+
+    def busy(self) -> bool:
+        return bool(self.in_flight)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+def _outcome(future: Future[Outcome]) -> Outcome:
+    try:
+        return future.result()
+    except Exception as error:  # a bug in building the request: retried like a receiver's failure
+        log.exception("push post failed")
+        return Outcome(False, None, f"{type(error).__name__}: {error}"[:ERROR_SHOWN])
 
 
 def deliver_due(limit: int = 100) -> int:
-    """Enqueue new status changes, then send what is due (module docstring); how many were sent
-    successfully. Rounds go on while something is due, a config's versions one per round, in order."""
-    enqueue()
+    """Enqueue new status changes, then send what is due, until nothing is or ``limit`` POSTs went out
+    (module docstring; ``Pipeline``, each round waited for whole); how many were delivered. Rounds go
+    on while something is due: a config's versions one per round, in order, configs in parallel."""
+    pipeline = Pipeline()
     delivered = sent = 0
-    while sent < limit:
-        batch = _claim(limit - sent, timezone.now())
-        if not batch:
-            break
-        for delivery in batch:
-            outcome = _send(delivery)
-            _record(delivery, outcome)
-            delivered += outcome.delivered
-        sent += len(batch)
+    try:
+        while sent < limit:
+            started = pipeline.step(limit=limit - sent)
+            if not started:
+                break
+            sent += started
+            delivered += pipeline.collect(timeout=None)
+    finally:
+        delivered += pipeline.collect(timeout=None)
+        pipeline.close()
     return delivered

@@ -18,7 +18,7 @@ from runtime.reconcile import reconcile_task
 from tasks import cancellation, services
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import CancelScope, Task
-from tasks.states import State, Trigger, edges_from, kinds_for_roles
+from tasks.states import ActorKind, State, Trigger, edges_from, kinds_for_roles, pullers
 from tasks.transitions import Actor, advance
 
 # Operator controls, by name, and the trigger each pulls. Targets come from the
@@ -37,6 +37,17 @@ CONTROLS: dict[str, Trigger] = {
 # Controls whose result is visible in the state alone: repeating one is a no-op.
 _SETTLED_BY_STATE = {"cancel": State.CANCEL_REQUESTED, "quarantine": State.QUARANTINED}
 CANCEL_SCOPES = tuple(CancelScope.values)
+# When a person's roles give several kinds that may pull an edge, the audit event names the first of
+# these: an operator's cancel is the operator's, whatever else their roles allow (an operator's and an
+# admin's roles also give the integrator kind, which may cancel the tasks its caller started).
+PRECEDENCE: tuple[ActorKind, ...] = (
+    ActorKind.ADMIN,
+    ActorKind.OPERATOR,
+    ActorKind.APPROVER,
+    ActorKind.INTEGRATOR,
+    ActorKind.SYSTEM,
+    ActorKind.WORKER,
+)
 ESCALATION_ROLES = ("operator", "approver", "admin")
 
 
@@ -44,6 +55,18 @@ def migration_may_help(reason_code: str) -> bool:
     """Whether ``retry_migration`` is worth offering: the task was held over its checkpoint (one that did
     not read, or read wrong). For any other reason its checkpoint reads, and there is nothing to migrate."""
     return reason_code.startswith("checkpoint_")
+
+
+def started_by(task: Task, user: Any) -> bool:
+    """Whether ``user`` started ``task`` (its ``owner``: the token's user that started it over A2A or
+    the REST API, kept by a rerun). The one ownership rule of the controls: an edge's ``own_only``
+    kinds (an integrator's cancel) apply only when this holds."""
+    return task.owner_id is not None and task.owner_id == getattr(user, "pk", None)
+
+
+def acting_kind(kinds: frozenset[ActorKind]) -> ActorKind:
+    """The kind the audit event records, of those that may pull the edge (``PRECEDENCE``)."""
+    return next(kind for kind in PRECEDENCE if kind in kinds)
 
 
 def label(control: str) -> str:
@@ -89,14 +112,15 @@ def task_control(
             state_version=task.state_version,
         )
     kinds = kinds_for_roles(roles)
-    edge = next((e for e in edges_from(task.state, kinds=kinds) if e.trigger == trigger), None)
+    own = started_by(task, user)
+    edge = next((e for e in edges_from(task.state, kinds=kinds, own=own) if e.trigger == trigger), None)
     if edge is None:
         raise TransitionNotAllowed(
             f"{control} is not possible from {task.state} with roles {sorted(roles)}",
             state=task.state,
             state_version=task.state_version,
         )
-    actor = Actor.user(user, min(edge.by & kinds))
+    actor = Actor.user(user, acting_kind(pullers(edge, kinds, own=own)))
     if control == "cancel" and scope != CancelScope.TASK:
         if scope not in CANCEL_SCOPES:
             raise ValueError(f"unknown cancel scope {scope!r}")

@@ -103,13 +103,22 @@ class Edge:
     target: State
     trigger: Trigger
     by: frozenset[ActorKind]
+    # Kinds of ``by`` that may take the edge only on a task their own caller started (who started a
+    # task: ``runtime.controls.started_by``). ``edges_from`` leaves them out unless told ``own=True``.
+    own_only: frozenset[ActorKind] = frozenset()
 
 
 S, T, A = State, Trigger, ActorKind
 
 
-def _edges(sources: Iterable[State], target: State, trigger: Trigger, *by: ActorKind) -> list[Edge]:
-    return [Edge(source, target, trigger, frozenset(by)) for source in sorted(sources)]
+def _edges(
+    sources: Iterable[State],
+    target: State,
+    trigger: Trigger,
+    *by: ActorKind,
+    own_only: Iterable[ActorKind] = (),
+) -> list[Edge]:
+    return [Edge(source, target, trigger, frozenset(by), frozenset(own_only)) for source in sorted(sources)]
 
 
 TRANSITIONS: tuple[Edge, ...] = tuple(
@@ -155,9 +164,19 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     # Found absent: sent again with the same key, but only after a backoff.
     + _edges([S.OUTCOME_UNKNOWN], S.WAITING_RETRY, T.RESEND_BACKOFF, A.WORKER, A.SYSTEM, A.OPERATOR, A.ADMIN)
     # Cancellation is a request; a worker confirms it after reconciling in-flight effects.
-    # An operator control: integrating systems start and feed tasks, they do not stop them.
-    # The system pulls it too, for the children of a parent whose cancel covers them.
-    + _edges(NON_TERMINAL - {S.CANCEL_REQUESTED}, S.CANCEL_REQUESTED, T.CANCEL, A.OPERATOR, A.ADMIN, A.SYSTEM)
+    # An operator control. An integrating system starts and feeds tasks and stops none but those it
+    # started itself (an A2A caller's CancelTask); the system pulls it for the children of a parent
+    # whose cancel covers them.
+    + _edges(
+        NON_TERMINAL - {S.CANCEL_REQUESTED},
+        S.CANCEL_REQUESTED,
+        T.CANCEL,
+        A.OPERATOR,
+        A.ADMIN,
+        A.SYSTEM,
+        A.INTEGRATOR,
+        own_only=[A.INTEGRATOR],
+    )
     + _edges([S.CANCEL_REQUESTED], S.CANCELED, T.CANCEL_CONFIRMED, A.WORKER, A.SYSTEM)
     # Quarantine holds a task nothing can safely resume; release sends it back
     # through validation (after its checkpoint was migrated or repaired).
@@ -182,13 +201,22 @@ _BY_SOURCE: dict[State, tuple[Edge, ...]] = {
 }
 
 
-def edges_from(source: State | str, *, kinds: Iterable[ActorKind] | None = None) -> tuple[Edge, ...]:
-    """Edges leaving ``source`` (optionally only those some kind in ``kinds`` may pull)."""
+def edges_from(
+    source: State | str, *, kinds: Iterable[ActorKind] | None = None, own: bool = False
+) -> tuple[Edge, ...]:
+    """Edges leaving ``source`` (optionally only those some kind in ``kinds`` may pull; a kind the edge
+    allows only on its own tasks counts when ``own``: the caller started this task)."""
     edges = _BY_SOURCE[State(source)]
     if kinds is None:
         return edges
     allowed = frozenset(kinds)
-    return tuple(edge for edge in edges if edge.by & allowed)
+    return tuple(edge for edge in edges if pullers(edge, allowed, own=own))
+
+
+def pullers(edge: Edge, kinds: Iterable[ActorKind], *, own: bool = False) -> frozenset[ActorKind]:
+    """Which of ``kinds`` may pull ``edge`` (``own``: on a task the caller started)."""
+    may = edge.by & frozenset(kinds)
+    return may if own else may - edge.own_only
 
 
 def find_edge(

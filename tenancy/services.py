@@ -269,6 +269,24 @@ def token_revoke(token: ApiToken, *, by: Any = None, request: Any = None) -> boo
     return bool(revoked)
 
 
+def token_refusal(token: ApiToken, now: datetime) -> TokenRefused | None:
+    """Why ``token`` (its user loaded) may not be used at ``now``, or None: the one rule of a usable
+    token, at authentication and again while a long answer (an A2A stream) is still being sent."""
+    if token.revoked_at is not None:
+        return TokenRefused("revoked", "Token revoked.")
+    if token.expires_at is not None and token.expires_at <= now:
+        return TokenRefused("expired", "Token expired.")
+    if not token.user.is_active:
+        return TokenRefused("inactive", "User inactive or deleted.")
+    return None
+
+
+def token_still_usable(token_id: int) -> bool:
+    """Whether the token ``token_id`` still passes ``token_refusal`` (a deleted one does not)."""
+    token = ApiToken.objects.select_related("user").filter(pk=token_id).first()
+    return token is not None and token_refusal(token, timezone.now()) is None
+
+
 def token_authenticate(key: str) -> ApiToken:
     """The usable token whose key is ``key`` (its user loaded); ``TokenRefused`` otherwise.
 
@@ -279,12 +297,9 @@ def token_authenticate(key: str) -> ApiToken:
     if token is None:
         raise TokenRefused("unknown", "Invalid token.")
     now = timezone.now()
-    if token.revoked_at is not None:
-        raise TokenRefused("revoked", "Token revoked.")
-    if token.expires_at is not None and token.expires_at <= now:
-        raise TokenRefused("expired", "Token expired.")
-    if not token.user.is_active:
-        raise TokenRefused("inactive", "User inactive or deleted.")
+    refused = token_refusal(token, now)
+    if refused is not None:
+        raise refused
     if token.last_used_at is None or now - token.last_used_at >= TOUCH_EVERY:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now

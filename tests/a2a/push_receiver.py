@@ -1,6 +1,7 @@
 """A push receiver on loopback for the tests: a small threaded HTTP server that records each POST.
 
-``fail_first`` answers 500 to that many requests before accepting; ``always_fail`` never accepts.
+``fail_first`` answers 500 to that many requests before accepting; ``always_fail`` never accepts;
+``delay`` seconds pass before each answer (a slow receiver).
 ``unique()`` is what a receiver keeps after deduplicating on the idempotency id, in arrival order.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -30,6 +32,7 @@ class Received:
 class Receiver:
     fail_first: int = 0
     always_fail: bool = False
+    delay: float = 0.0
     received: list[Received] = field(default_factory=list)
     answered: list[int] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -46,6 +49,8 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                if receiver.delay:
+                    time.sleep(receiver.delay)
                 with receiver.lock:
                     failing = receiver.always_fail or len(receiver.answered) < receiver.fail_first
                     code = 500 if failing else 200

@@ -51,8 +51,8 @@ def test_the_task_page_shows_the_caller_and_each_configs_deliveries(client, acme
     failing = Receiver(always_fail=True).start()
     working = Receiver().start()
     try:
-        push.create_config(task, config_id="down", url=failing.url + "?secret=path", token=TOKEN)
-        push.create_config(task, config_id="up", url=working.url, token=TOKEN)
+        push.configure(task, config_id="down", url=failing.url + "?secret=path", token=TOKEN)
+        push.configure(task, config_id="up", url=working.url, token=TOKEN)
         push.deliver_due()
     finally:
         failing.stop()
@@ -83,7 +83,7 @@ def test_the_read_is_one_query_however_many_configs_and_deliveries(client, acme,
     receiver = Receiver(always_fail=True).start()
     try:
         for n in range(4):
-            push.create_config(task, config_id=f"c{n}", url=receiver.url, token=TOKEN)
+            push.configure(task, config_id=f"c{n}", url=receiver.url, token=TOKEN)
         push.deliver_due()  # three attempts each, at once (no backoff), then given up
     finally:
         receiver.stop()

@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from audit.models import TransitionEvent
-from interop import push, ssrf
+from interop import push
 from interop.models import PushDelivery
 from tasks.models import Task
 from tasks.states import State, Trigger
@@ -74,7 +74,7 @@ def _versions(task: Task) -> list[str]:
 
 def test_receiver_gets_each_status_change_once_in_order(acme, receiver) -> None:
     task = _lookup(acme)
-    push.create_config(task, config_id="c1", url=receiver.url, token="s3cret")
+    push.configure(task, config_id="c1", url=receiver.url, token="s3cret")
     task = _run_to_rest(task)
     _drain()
     assert task.state == State.COMPLETED
@@ -92,7 +92,7 @@ def test_receiver_answering_500_three_times_still_gets_each_once(acme) -> None:
     receiver = Receiver(fail_first=3).start()
     try:
         task = _lookup(acme)
-        push.create_config(task, config_id="c1", url=receiver.url, token="t")
+        push.configure(task, config_id="c1", url=receiver.url, token="t")
         task = _run_to_rest(task)
         _drain()
         assert receiver.answered[:3] == [500, 500, 500]
@@ -106,7 +106,7 @@ def test_receiver_answering_500_three_times_still_gets_each_once(acme) -> None:
 
 def test_signature_verifies_with_the_token_and_not_with_another(acme, receiver) -> None:
     task = _lookup(acme)
-    push.create_config(task, config_id="c1", url=receiver.url, token="the-token")
+    push.configure(task, config_id="c1", url=receiver.url, token="the-token")
     _drain()
     item = receiver.unique()[0]
     header = item.headers[push.SIGNATURE_HEADER]
@@ -118,7 +118,7 @@ def test_signature_verifies_with_the_token_and_not_with_another(acme, receiver) 
 
 def test_token_is_stored_sealed(acme, receiver) -> None:
     task = _lookup(acme)
-    config = push.create_config(task, config_id="c1", url=receiver.url, token="plain-token")
+    config = push.configure(task, config_id="c1", url=receiver.url, token="plain-token")
     assert "plain-token" not in str(config.secrets)
     assert push.secret(config, "token") == "plain-token"
 
@@ -128,7 +128,7 @@ def test_receiver_that_keeps_failing_ends_failed_after_the_cap(acme, settings) -
     receiver = Receiver(always_fail=True).start()
     try:
         task = _lookup(acme)
-        push.create_config(task, config_id="c1", url=receiver.url, token="t")
+        push.configure(task, config_id="c1", url=receiver.url, token="t")
         _drain()
         delivery = PushDelivery.objects.get(task=task)
         assert (delivery.status, delivery.attempts, delivery.last_status) == ("failed", 3, 500)
@@ -140,13 +140,14 @@ def test_receiver_that_keeps_failing_ends_failed_after_the_cap(acme, settings) -
 def test_config_refuses_a_url_that_is_not_allow_listed(acme, settings) -> None:
     settings.A2A_PUSH_ALLOWED_HOSTS = []
     task = _lookup(acme)
-    with pytest.raises(ssrf.UrlRefused):
-        push.create_config(task, config_id="c1", url="http://127.0.0.1:9/hook", token="t")
+    with pytest.raises(push.ConfigRefused) as refused:
+        push.configure(task, config_id="c1", url="http://127.0.0.1:9/hook", token="t")
+    assert refused.value.field == "url" and not push.live_configs(task).exists()
 
 
 def test_send_time_screen_refuses_a_host_no_longer_allowed(acme, receiver, settings) -> None:
     task = _lookup(acme)
-    push.create_config(task, config_id="c1", url=receiver.url, token="t")
+    push.configure(task, config_id="c1", url=receiver.url, token="t")
     settings.A2A_PUSH_ALLOWED_HOSTS = []  # as if the name now resolved somewhere refused
     _drain()
     delivery = PushDelivery.objects.get(task=task)
@@ -156,14 +157,14 @@ def test_send_time_screen_refuses_a_host_no_longer_allowed(acme, receiver, setti
 
 def test_enqueue_twice_writes_each_delivery_once(acme, receiver) -> None:
     task = _lookup(acme)
-    push.create_config(task, config_id="c1", url=receiver.url, token="t")
+    push.configure(task, config_id="c1", url=receiver.url, token="t")
     assert push.enqueue(now=timezone.now()) == 1
     assert push.enqueue() == 0
 
 
 def test_a_config_without_a_token_is_sent_unsigned(acme, receiver) -> None:
     task = _lookup(acme)
-    push.create_config(task, config_id="c1", url=receiver.url)
+    push.configure(task, config_id="c1", url=receiver.url)
     _drain()
     headers = receiver.unique()[0].headers
     assert push.SIGNATURE_HEADER not in headers and push.TOKEN_HEADER not in headers

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from a2a.types import a2a_pb2
 
+from a2a_api.rpc import error_metadata
 from interop import push
 from interop.models import PushConfig
 from tasks.models import Task
@@ -98,7 +99,7 @@ def test_a_refused_url_is_invalid_params_naming_the_field_and_nothing_is_kept(cl
         error = rpc(
             client, key, "CreateTaskPushNotificationConfig", {"taskId": task_id, "url": url, "token": TOKEN}
         ).json()["error"]
-        assert (error["code"], error["data"]["field"]) == (-32602, "url"), url
+        assert (error["code"], error_metadata(error)["field"]) == (-32602, "url"), url
 
     async def through_the_client(client):
         with pytest.raises(Exception) as refused:
@@ -125,7 +126,7 @@ def test_header_injection_in_token_or_authentication_is_refused_naming_the_field
         error = rpc(
             client, key, "CreateTaskPushNotificationConfig", {"taskId": task_id, "url": HOOK, **params}
         ).json()["error"]
-        assert (error["code"], error["data"]["field"]) == (-32602, field)
+        assert (error["code"], error_metadata(error)["field"]) == (-32602, field)
     assert not PushConfig.objects.exists()
 
 
@@ -161,7 +162,7 @@ def test_a_task_holds_at_most_the_cap_of_live_configs(client, acme) -> None:
                                {"taskId": task_id, "id": f"h{n}", "url": HOOK}).json()  # fmt: skip
     error = rpc(client, key, "CreateTaskPushNotificationConfig",
                 {"taskId": task_id, "id": "one-more", "url": HOOK}).json()["error"]  # fmt: skip
-    assert (error["code"], error["data"]["field"]) == (-32602, "taskId")
+    assert (error["code"], error_metadata(error)["field"]) == (-32602, "taskId")
     page = rpc(client, key, "ListTaskPushNotificationConfigs", {"taskId": task_id, "pageSize": 4}).json()
     assert len(page["result"]["configs"]) == 4 and page["result"]["nextPageToken"] == "h3"
 
@@ -186,7 +187,7 @@ def test_send_message_with_a_refused_push_url_starts_nothing(client, acme) -> No
         "configuration": {"taskPushNotificationConfig": {"url": "http://192.168.1.1/hook"}},
     }).json()  # fmt: skip
     assert sent["error"]["code"] == -32602
-    assert sent["error"]["data"]["field"] == "configuration.taskPushNotificationConfig.url"
+    assert error_metadata(sent["error"])["field"] == "configuration.taskPushNotificationConfig.url"
     assert not Task.objects.exists() and not PushConfig.objects.exists()
 
 

@@ -59,7 +59,7 @@ def receiver() -> Iterator[Receiver]:
 def _lookup_with_push(acme, receiver: Receiver) -> Task:
     put_order("A-1")
     task = make_task(acme, task_type="order_lookup", objective="Look up A-1", input={"order_id": "A-1"})
-    push.create_config(task, config_id="hook", url=receiver.url, token="receiver-token-0123456789")
+    push.configure(task, config_id="hook", url=receiver.url, token="receiver-token-0123456789")
     return task
 
 
@@ -122,7 +122,7 @@ def _fail_for_good(acme, settings) -> tuple[Task, Receiver]:
     settings.A2A_PUSH_BACKOFF_BASE = 0.0
     receiver = Receiver(always_fail=True).start()
     task = make_task(acme, task_type="order_lookup", objective="Look up A-1", input={"order_id": "A-1"})
-    push.create_config(task, config_id="hook", url=receiver.url, token="t")
+    push.configure(task, config_id="hook", url=receiver.url, token="t")
     for _ in range(5):
         push.deliver_due()
     return task, receiver

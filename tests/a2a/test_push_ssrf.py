@@ -107,7 +107,7 @@ def test_the_send_goes_to_the_address_screened_not_to_a_second_lookup(acme, monk
         )
         monkeypatch.setattr(ssrf, "address_refusal", lambda text: None)  # as if 127.0.0.1 were public
         task = make_task(acme)
-        push.create_config(task, config_id="c", url=f"http://rebind.test:{port}/hook?x=1", token="t")
+        push.configure(task, config_id="c", url=f"http://rebind.test:{port}/hook?x=1", token="t")
         push.deliver_due()
         assert PushDelivery.objects.get(task=task).status == "delivered"
         assert receiver.received[0].headers["Host"] == f"rebind.test:{port}"

@@ -26,6 +26,7 @@ from django.db import connection
 from django.utils import timezone
 
 from a2a_api import stream
+from a2a_api.rpc import error_metadata
 from tasks.models import Task
 from tasks.services import seal_outcome
 from tasks.states import State, Trigger
@@ -325,9 +326,8 @@ def test_refusals_before_a_stream_are_plain_json_rpc_errors(client, in_process, 
     for bad in ("seven", "-1", "99", "1" * 30):
         refused = rpc(client, key, "SubscribeToTask", params, headers={"Last-Event-ID": bad})
         assert refused["Content-Type"] == "application/json", bad
-        assert refused.json()["error"]["code"] == -32602 and refused.json()["error"]["data"]["field"] == (
-            "Last-Event-ID"
-        )
+        error = refused.json()["error"]
+        assert error["code"] == -32602 and error_metadata(error)["field"] == "Last-Event-ID"
     other = make_task(globex)
     foreign = {"message": {"messageId": "x-1", "taskId": str(other.id), "role": "ROLE_USER",
                            "parts": [{"text": "an answer"}]}}  # fmt: skip

@@ -10,9 +10,13 @@ import json
 from collections import Counter
 
 import pytest
+from django.utils import timezone
 from rest_framework.throttling import SimpleRateThrottle
 
+from tenancy.models import ApiToken
+from tenancy.services import token_create, token_still_usable
 from tests.a2a.test_jsonrpc import key_for
+from tests.conftest import make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -49,3 +53,26 @@ def test_wrong_tokens_over_a2a_and_rest_share_one_budget_and_then_even_a_right_k
     )
     assert refused.status_code == 429 and int(refused["Retry-After"]) > 0
     assert refused.json()["error"]["code"] == -32600 and "id" in refused.json()
+
+
+@pytest.mark.django_db
+def test_a_stream_s_token_check_is_the_authentication_rule(acme):
+    """The mid-stream check (``tenancy.services.token_still_usable``) refuses what authentication
+    refuses: a revoked or expired token, an inactive user, a deleted token."""
+    user = make_user("stream-agent", acme, "integrator")
+
+    def fresh(**changes) -> int:
+        token, _ = token_create(user, scopes="read,integrate", expires_at=None)
+        ApiToken.objects.filter(pk=token.pk).update(**changes)
+        return token.pk
+
+    assert token_still_usable(fresh())
+    assert not token_still_usable(fresh(revoked_at=timezone.now()))
+    assert not token_still_usable(fresh(expires_at=timezone.now()))
+    deleted = fresh()
+    ApiToken.objects.filter(pk=deleted).delete()
+    assert not token_still_usable(deleted)
+    live = fresh()
+    user.is_active = False
+    user.save(update_fields=["is_active"])
+    assert not token_still_usable(live)
