@@ -94,9 +94,9 @@ def decide(
     reused = _reused_call_id(turns)
     if reused:
         return quarantine(progress, CALL_ID_REUSED, reused)
-    outputs, rejected = _call_results(task, step, turns, facts)
+    outputs, rejected = _call_results(task, step, turns, facts, asked=bool(progress.approvals))
     start, start_turns = "", 0
-    stored = snapshots.latest(task, step.name)
+    stored = snapshots.latest(task, step.name, facts)
     if stored is not None:
         try:
             start, start_turns = snapshots.opened(stored, readable=READABLE_SCHEMAS), stored.turns
@@ -245,10 +245,19 @@ def _shown(kind: registry.TaskType, step: registry.AgentRun, facts: dict[str, An
 
 
 def _call_results(
-    task: Task, step: registry.AgentRun, turns: dict[int, dict[str, Any]], facts: dict[str, Any]
+    task: Task,
+    step: registry.AgentRun,
+    turns: dict[int, dict[str, Any]],
+    facts: dict[str, Any],
+    *,
+    asked: bool,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """What the run is told of each call the recorded turns made: from the ledger, the approvals and
-    the evidence facts. A call with no settled answer yet is in neither map (the run stops there)."""
+    the evidence facts. A call with no settled answer yet is in neither map (the run stops there).
+
+    ``asked``: the checkpoint lists an approval request of the task. A request commits with the
+    checkpoint that lists it (``approvals.request_decision``), so without one there is no request,
+    hence no rejection, to read."""
     calls = [
         (str(item.get("call_id")), str(item.get("name")))
         for turn in turns.values()
@@ -271,7 +280,7 @@ def _call_results(
             outputs[call_id] = json.dumps({"ok": True, "reference": action.external_ref})
         elif action is not None and action.dispatch_state in SETTLED_FAILED:
             outputs[call_id] = json.dumps({"ok": False, "error": action.last_error or "refused"})
-        elif action is None:
+        elif action is None and asked:
             request = approvals.latest_request(task, f"{base}{registry.APPROVE_SUFFIX}")
             if request is not None and request.status == ApprovalStatus.REJECTED:
                 rejected[call_id] = REJECTED
@@ -338,6 +347,8 @@ def _turn(
         return dataclasses.replace(quarantine(progress, CALL_ID_REUSED, reused), records=(row,), also=also)
     # The tool set this turn was planned with: resume validation compares it with the code's.
     planned = {**progress.facts, toolsets.fact_name(step): toolsets.toolset_id(step)}
+    if turn.turn == 1:  # the run's first record: from here the checkpoint counts its stored states
+        planned.setdefault(snapshots.fact_name(step.name), 0)
     return Decision(
         State.READY,
         Trigger.STEP,
@@ -560,6 +571,7 @@ def _pause(
             )
         except snapshots.SnapshotRefused as exc:
             return quarantine(progress, exc.code, str(exc))
+        facts.update(snapshots.counted(facts, step.name))  # committed with the state it counts
     if refused is not None:
         told = _refused_call(task, progress, facts, call, *refused)
         return dataclasses.replace(told, records=(*records, *told.records))
@@ -581,7 +593,7 @@ def refused_run(task: Task, kind: registry.TaskType, call_step: str, progress: P
     stored run state, met before the call's intent instead: nothing is sent for a run that cannot go
     on after it. None when the run has no stored state, or one this worker resumes from."""
     owner = next((run for run in kind.agent_runs if run.call_steps(call_step) is not None), None)
-    stored = snapshots.latest(task, owner.name) if owner is not None else None
+    stored = snapshots.latest(task, owner.name, progress.facts) if owner is not None else None
     if stored is None:
         return None
     try:
