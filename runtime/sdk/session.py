@@ -117,8 +117,8 @@ def read(
     _check_session_id(session_id)
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
         raise SessionError(f"limit must be None or a whole number of at least 0, not {limit!r}")
-    if limit == 0:
-        return []
+    if limit == 0 or (before is not None and before <= 0):
+        return []  # nothing to read: positions start at 0
     readable = _readable(tenant_id, session_id)
     if before is not None:
         readable = readable.filter(position__lt=before)

@@ -15,7 +15,9 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 
@@ -83,8 +85,29 @@ def taken(
     )
 
 
-def latest(task: Task, step: str) -> AgentSnapshot | None:
+def fact_name(step: str) -> str:
+    """The fact counting the run states ``step`` stored: 0 from the run's first turn, one more with
+    each pause, in the pause's own commit. The checkpoint then says whether there is one to read."""
+    return f"{step}:snapshots"
+
+
+def latest(task: Task, step: str, facts: Mapping[str, Any] | None = None) -> AgentSnapshot | None:
+    """The run's newest stored state. With the checkpoint's ``facts``: none without reading, when
+    they say the run has stored none (a run begun before the count was kept is read as before)."""
+    if facts is not None and _none_stored(facts.get(fact_name(step))):
+        return None
     return AgentSnapshot.objects.filter(task=task, step=step).order_by("-id").first()
+
+
+def _none_stored(count: Any) -> bool:
+    return isinstance(count, int) and not isinstance(count, bool) and count == 0
+
+
+def counted(facts: Mapping[str, Any], step: str) -> dict[str, Any]:
+    """``facts`` with one more stored state counted (for the commit that stores it); a run begun
+    before the count was kept stays uncounted, so it is still read every step."""
+    stored = facts.get(fact_name(step))
+    return {**facts, fact_name(step): stored + 1} if isinstance(stored, int) else dict(facts)
 
 
 def opened(snapshot: AgentSnapshot, *, readable: frozenset[str]) -> str:

@@ -45,8 +45,12 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+
+from django.db.models import CharField, Value
+from django.db.models.functions import JSONObject
 
 from approvals import services as approvals
 from approvals.models import ApprovalStatus
@@ -87,16 +91,13 @@ def decide(
     perform: Perform,
 ) -> Decision:
     facts = dict(progress.facts)
-    turns = {
-        row.turn: {**_opened(row), "agent": row.agent}
-        for row in AgentTurn.objects.filter(task=task, step=step.name).order_by("turn")
-    }
+    turns, actions = _records(task, step)
     reused = _reused_call_id(turns)
     if reused:
         return quarantine(progress, CALL_ID_REUSED, reused)
-    outputs, rejected = _call_results(task, step, turns, facts)
+    outputs, rejected = _call_results(task, turns, facts, actions, asked=bool(progress.approvals))
     start, start_turns = "", 0
-    stored = snapshots.latest(task, step.name)
+    stored = snapshots.latest(task, step.name, facts)
     if stored is not None:
         try:
             start, start_turns = snapshots.opened(stored, readable=READABLE_SCHEMAS), stored.turns
@@ -222,8 +223,42 @@ def _said(text: str) -> str:
 MAX_FAILURE_CHARS = 500
 
 
-def _opened(row: AgentTurn) -> dict[str, Any]:
-    value = sealing.open_envelope(row.response, _turn_place(row.task_id, row.step, row.turn))
+@dataclass(frozen=True)
+class _Settled:
+    """What the ledger holds of a call's action: its dispatch state, reference and last error."""
+
+    state: str
+    ref: str
+    error: str
+
+
+def _records(task: Task, step: registry.AgentRun) -> tuple[dict[int, dict[str, Any]], dict[str, _Settled]]:
+    """The run's turns, opened, by number, and the ledger's newest action of each of the task's
+    calls (``registry.CALL_MARK`` steps), by step: one round trip where it took two."""
+    turns = AgentTurn.objects.filter(task=task, step=step.name).values_list(
+        Value(_TURN_ROW, output_field=CharField()), "turn", "agent", "response"
+    )
+    calls = Action.objects.filter(task=task, step__contains=registry.CALL_MARK).values_list(
+        Value(_ACTION_ROW, output_field=CharField()),
+        "id",
+        "step",
+        JSONObject(state="dispatch_state", ref="external_ref", error="last_error"),
+    )
+    opened: dict[int, dict[str, Any]] = {}
+    newest: dict[str, tuple[int, _Settled]] = {}
+    for kind, number, name, value in turns.union(calls, all=True):
+        if kind == _TURN_ROW:
+            opened[number] = {**_opened(task.id, step.name, number, value), "agent": name}
+        elif isinstance(value, dict) and number > newest.get(name, (-1, None))[0]:  # the newest wins
+            newest[name] = (number, _Settled(str(value["state"]), str(value["ref"]), str(value["error"])))
+    return dict(sorted(opened.items())), {name: settled for name, (_, settled) in newest.items()}
+
+
+_TURN_ROW, _ACTION_ROW = "turn", "action"
+
+
+def _opened(task_id: Any, step: str, turn: int, response: Any) -> dict[str, Any]:
+    value = sealing.open_envelope(response, _turn_place(task_id, step, turn))
     return dict(value) if isinstance(value, dict) else {}
 
 
@@ -245,10 +280,19 @@ def _shown(kind: registry.TaskType, step: registry.AgentRun, facts: dict[str, An
 
 
 def _call_results(
-    task: Task, step: registry.AgentRun, turns: dict[int, dict[str, Any]], facts: dict[str, Any]
+    task: Task,
+    turns: dict[int, dict[str, Any]],
+    facts: dict[str, Any],
+    actions: dict[str, _Settled],
+    *,
+    asked: bool,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """What the run is told of each call the recorded turns made: from the ledger, the approvals and
-    the evidence facts. A call with no settled answer yet is in neither map (the run stops there)."""
+    the evidence facts. A call with no settled answer yet is in neither map (the run stops there).
+
+    ``asked``: the checkpoint lists an approval request of the task. A request commits with the
+    checkpoint that lists it (``approvals.request_decision``), so without one there is no request,
+    hence no rejection, to read."""
     calls = [
         (str(item.get("call_id")), str(item.get("name")))
         for turn in turns.values()
@@ -258,20 +302,16 @@ def _call_results(
     outputs: dict[str, str] = {}
     rejected: dict[str, str] = {}
     bases = {registry.call_step(name, call_id): call_id for call_id, name in calls}
-    actions = {
-        action.step: action
-        for action in Action.objects.filter(task=task, step__in=list(bases)).order_by("id")
-    }  # the newest per step wins
     for base, call_id in bases.items():
         read = facts.get(f"{base}:output")
         action = actions.get(base)
         if isinstance(read, str):
             outputs[call_id] = read
-        elif action is not None and action.dispatch_state in SETTLED_OK:
-            outputs[call_id] = json.dumps({"ok": True, "reference": action.external_ref})
-        elif action is not None and action.dispatch_state in SETTLED_FAILED:
-            outputs[call_id] = json.dumps({"ok": False, "error": action.last_error or "refused"})
-        elif action is None:
+        elif action is not None and action.state in SETTLED_OK:
+            outputs[call_id] = json.dumps({"ok": True, "reference": action.ref})
+        elif action is not None and action.state in SETTLED_FAILED:
+            outputs[call_id] = json.dumps({"ok": False, "error": action.error or "refused"})
+        elif action is None and asked:
             request = approvals.latest_request(task, f"{base}{registry.APPROVE_SUFFIX}")
             if request is not None and request.status == ApprovalStatus.REJECTED:
                 rejected[call_id] = REJECTED
@@ -338,6 +378,8 @@ def _turn(
         return dataclasses.replace(quarantine(progress, CALL_ID_REUSED, reused), records=(row,), also=also)
     # The tool set this turn was planned with: resume validation compares it with the code's.
     planned = {**progress.facts, toolsets.fact_name(step): toolsets.toolset_id(step)}
+    if turn.turn == 1:  # the run's first record: from here the checkpoint counts its stored states
+        planned.setdefault(snapshots.fact_name(step.name), 0)
     return Decision(
         State.READY,
         Trigger.STEP,
@@ -560,6 +602,7 @@ def _pause(
             )
         except snapshots.SnapshotRefused as exc:
             return quarantine(progress, exc.code, str(exc))
+        facts.update(snapshots.counted(facts, step.name))  # committed with the state it counts
     if refused is not None:
         told = _refused_call(task, progress, facts, call, *refused)
         return dataclasses.replace(told, records=(*records, *told.records))
@@ -581,7 +624,7 @@ def refused_run(task: Task, kind: registry.TaskType, call_step: str, progress: P
     stored run state, met before the call's intent instead: nothing is sent for a run that cannot go
     on after it. None when the run has no stored state, or one this worker resumes from."""
     owner = next((run for run in kind.agent_runs if run.call_steps(call_step) is not None), None)
-    stored = snapshots.latest(task, owner.name) if owner is not None else None
+    stored = snapshots.latest(task, owner.name, progress.facts) if owner is not None else None
     if stored is None:
         return None
     try:

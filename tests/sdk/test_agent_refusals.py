@@ -36,6 +36,7 @@ from runtime.sdk import snapshots
 from runtime.sdk.step import _opened  # an AgentTurn row's sealed response, opened as the step does
 from tasks import registry
 from tasks.models import CancelRequest, Task
+from tasks.services import latest_checkpoint
 from tasks.states import State, Trigger
 from tests.conftest import api_client_for, make_task, make_user
 from tests.runtime.payments import run
@@ -176,6 +177,33 @@ def test_an_altered_run_state_is_refused_with_an_alert_and_nothing_is_sent(acme,
     assert Effect.objects.filter(system="payments").count() == sent_before == 0
     assert not Effect.objects.filter(system="email").exists()
     passes_change_nothing(task)
+
+
+def test_the_checkpoint_counts_the_run_states_stored(acme):
+    task = paused(acme)
+
+    facts = read_facts(task)
+    assert facts[snapshots.fact_name("agent")] == 1  # committed with the pause that stored it
+
+
+def test_a_run_paused_before_the_count_was_kept_still_has_its_run_state_checked(acme, approver, monkeypatch):
+    """A checkpoint without the count (a run begun by an older worker) reads the stored state every
+    step, as before: an altered one is refused all the same."""
+    with monkeypatch.context() as older:  # a worker that kept no count: its fact is another's name
+        older.setattr(snapshots, "fact_name", lambda step: f"{step}:uncounted")
+        task = paused(acme)
+    assert snapshots.fact_name("agent") not in read_facts(task)
+    _edit_mac(task)
+    decide(task, approver)
+
+    task = run_until_still(Task.objects.get(pk=task.pk))
+
+    assert (task.state, task.state_reason) == (State.QUARANTINED, snapshots.TAMPERED)
+    assert not Effect.objects.exists()
+
+
+def read_facts(task: Task) -> dict[str, Any]:
+    return dict(latest_checkpoint(Task.objects.get(pk=task.pk)).facts)
 
 
 def test_a_run_state_from_a_newer_sdk_schema_is_refused_with_the_reason_and_nothing_is_sent(acme, approver):
@@ -512,7 +540,10 @@ def test_the_task_figures_are_the_sum_of_its_recorded_usages_and_those_the_model
     rows = list(ModelUsage.objects.filter(task=task).order_by("state_version"))
     assert [(r.input_tokens, r.output_tokens) for r in rows] == reported
     assert len(reported) == 4  # each turn asked of the model once, replays not counted
-    recorded = [_opened(row)["usage"] for row in AgentTurn.objects.filter(task=task).order_by("turn")]
+    recorded = [
+        _opened(row.task_id, row.step, row.turn, row.response)["usage"]
+        for row in AgentTurn.objects.filter(task=task).order_by("turn")
+    ]
     assert [(u["input_tokens"], u["output_tokens"]) for u in recorded] == reported
     prices = {"in": Decimal("0.50"), "out": Decimal("1.50")}  # scripted-support-v1 in MODEL_PRICES
     for row in rows:

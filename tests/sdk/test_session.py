@@ -492,3 +492,12 @@ def test_a_mark_from_end_reads_the_same_items_however_the_session_grows(acme):
     assert [i["content"] for i in memory.read(acme.id, "chat-mark", before=mark)] == ["one", "two", "three"]
     assert [i["content"] for i in memory.read(acme.id, "chat-mark", 2, before=mark)] == ["two", "three"]
     assert memory.end(acme.id, "chat-mark") == 4
+
+
+def test_a_mark_taken_on_an_empty_session_reads_nothing_however_the_session_grows(acme):
+    mark = memory.end(acme.id, "chat-empty")
+    memory.append(acme.id, "chat-empty", [user("later")])
+
+    assert mark == 0
+    assert memory.read(acme.id, "chat-empty", before=mark) == []
+    assert [i["content"] for i in memory.read(acme.id, "chat-empty")] == ["later"]
