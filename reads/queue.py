@@ -3,6 +3,7 @@ its search document, its rows and the chunks of its CSV export. Scoped by tenant
 
 from __future__ import annotations
 
+import heapq
 import re
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
@@ -192,3 +193,11 @@ def keyset_chunks(tasks: QuerySet[Task], *, size: int) -> Iterator[list[Task]]:
         if len(chunk) < size:
             return
         before = chunk[-1].id
+
+
+def merged_newest_first(parts: Sequence[QuerySet[Task]], *, size: int) -> Iterator[Task]:
+    """The tasks of every part (disjoint: one per tenant) newest first, as one query over their union
+    would give them: each part walked by ``keyset_chunks`` (an index range on its tenant's -id) and the
+    streams merged lazily, so the first rows come after one chunk per part, whatever the tables hold."""
+    streams = [(task for chunk in keyset_chunks(part, size=size) for task in chunk) for part in parts]
+    return heapq.merge(*streams, key=lambda task: task.id, reverse=True)
