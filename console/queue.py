@@ -83,14 +83,27 @@ def page(tasks: QuerySet[Task], params: QueryDict, *, size: int, tenants: Sequen
 
 
 def summary(request: HttpRequest) -> dict[str, Any]:
-    counts = queue.state_counts(tenant_ids_for(request.user), cap=COUNT_CAP)
+    """Each state's count: exact up to ``COUNT_CAP``, past it "about N" from PostgreSQL's statistics
+    (``queue.estimated_counts``), or "1,000+" where there are none."""
+    tenant_ids = tenant_ids_for(request.user)
+    counts = queue.state_counts(tenant_ids, cap=COUNT_CAP)
+    estimates = queue.estimated_counts(tenant_ids, [label for label, n in counts.items() if n > COUNT_CAP])
 
-    def shown(n: int) -> str:
-        return f"{COUNT_CAP:,}+" if n > COUNT_CAP else f"{n:,}"
+    def shown(label: str) -> str:
+        n = counts.get(label, 0)
+        if n <= COUNT_CAP:
+            return f"{n:,}"
+        estimate = estimates.get(label, 0)
+        return f"about {_rounded(estimate):,}" if estimate > COUNT_CAP else f"{COUNT_CAP:,}+"
 
-    rows = [(value, label, shown(counts[value])) for value, label in State.choices if value in counts]
-    finished = counts.get(queue.FINISHED, 0)
-    return {"live": rows, "finished": shown(finished)}
+    rows = [(value, label, shown(value)) for value, label in State.choices if value in counts]
+    return {"live": rows, "finished": shown(queue.FINISHED)}
+
+
+def _rounded(n: int) -> int:
+    """``n`` to two significant digits (233,114: 230,000): an estimate says no more than it knows."""
+    scale = 10 ** max(len(str(n)) - 2, 0)
+    return int(round(n / scale) * scale)
 
 
 def _csv_row(task: Task) -> list[Any]:

@@ -229,3 +229,12 @@ def test_the_audit_search_by_actor_can_use_its_trigram_index(acme, many):
     events = TransitionEvent.objects.filter(actor_id__icontains="user:ann")  # the expression Django writes
     plan = plan_of(*events.order_by("-created_at", "-id")[:51].query.sql_with_params(), seqscan=False)
     assert "event_actor_trgm" in plan, plan
+
+
+def test_a_count_past_the_cap_says_about_how_many_from_the_statistics(operator, acme, many, monkeypatch):
+    monkeypatch.setattr("console.queue.COUNT_CAP", 100)
+    page = listed(operator)
+    assert "about 4,000" in page  # the 4,000 finished tasks, analyzed, rounded to two digits
+    with connection.cursor() as cursor:  # never analyzed (a new table): no estimate, only "more than"
+        cursor.execute("UPDATE pg_class SET reltuples = -1 WHERE oid = 'tasks_task'::regclass")
+    assert "<strong>100+</strong>" in listed(operator)
