@@ -238,3 +238,15 @@ def test_a_count_past_the_cap_says_about_how_many_from_the_statistics(operator, 
     with connection.cursor() as cursor:  # never analyzed (a new table): no estimate, only "more than"
         cursor.execute("UPDATE pg_class SET reltuples = -1 WHERE oid = 'tasks_task'::regclass")
     assert "<strong>100+</strong>" in listed(operator)
+
+
+def test_the_audit_search_by_to_state_reads_one_index_range(acme, many):
+    from audit.models import TransitionEvent
+
+    events = TransitionEvent.objects.filter(tenant=acme, to_state="quarantined")
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # a small table
+        sql, params = events.order_by("-created_at", "-id")[:51].query.sql_with_params()
+        cursor.execute(f"EXPLAIN {sql}", params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "event_tenant_to_state" in plan, plan
