@@ -29,6 +29,7 @@ from audit.chain import BrokenLink
 from audit.keys import held_signing_key
 from console.access import AUDIT_ROLES, get_task_for_auditing, tenant_ids_or_403
 from console.forms import ConsoleForm
+from reads import audit_search
 from tasks import registry
 from tasks.audit_paths import verify_chain
 from tasks.states import State, Trigger
@@ -63,7 +64,7 @@ def search(request: HttpRequest) -> HttpResponse:
     page = None
     if form.is_valid():
         before = audit_selectors.EventCursor.parse(request.GET.get("before"))
-        page = audit_selectors.search_events(tenant_ids, form.search(), before=before, limit=PAGE)
+        page = audit_search.search(tenant_ids, form.search(), before=before, limit=PAGE)
     query = request.GET.copy()
     query.pop("before", None)
     context = {
@@ -124,7 +125,7 @@ def search_export(request: HttpRequest, fmt: str) -> HttpResponseBase:
     head = {"tenant_ids": sorted(tenant_ids), "search": criteria.as_dict(), "order": "newest first"}
     stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
     return _stream(
-        fmt, f"audit-events-{stamp}", "search", head, audit_selectors.iter_search(tenant_ids, criteria)
+        fmt, f"audit-events-{stamp}", "search", head, audit_search.iter_events(tenant_ids, criteria)
     )
 
 

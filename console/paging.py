@@ -37,6 +37,17 @@ class Keyset:
         """Where the page after ``row`` starts, as a link carries it."""
         return "_".join(_written(getattr(row, name.lstrip("-"))) for name in self.order)
 
+    @property
+    def descending(self) -> bool:
+        """Whether the order is descending; a keyset's columns all go one way (merging relies on it)."""
+        directions = {name.startswith("-") for name in self.order}
+        assert len(directions) == 1, "a keyset's columns go one way"
+        return directions.pop()
+
+    def sort_key(self, row: Model) -> tuple[Any, ...]:
+        """``row``'s key, for sorting rows fetched apart in this order (``descending``: reversed)."""
+        return tuple(getattr(row, name.lstrip("-")) for name in self.order)
+
     def parse(self, text: str | None) -> tuple[Any, ...] | None:
         """The key in ``text``, or None for an absent or mangled cursor (the first page)."""
         parts = (text or "").split("_")
@@ -71,10 +82,28 @@ def keyset_page(rows: QuerySet[M], keyset: Keyset, cursor: str | None, *, size: 
     """The ``size`` rows of ``rows`` after ``cursor`` in ``keyset``'s order, and the next page's cursor.
 
     One query (``size + 1`` rows: the extra one says whether there is a next page)."""
+    return merged_keyset_page([rows], keyset, cursor, size=size)
+
+
+def merged_keyset_page(
+    parts: Sequence[QuerySet[M]], keyset: Keyset, cursor: str | None, *, size: int
+) -> KeysetPage[M]:
+    """``keyset_page`` over the union of ``parts`` (disjoint querysets: one per tenant), one query each.
+
+    Every index that orders a list leads with the tenant, so ``tenant_id IN (1, 2) ORDER BY ...`` reads
+    and sorts every row of both tenants, while ``tenant_id = 1 ORDER BY ... LIMIT n`` is an index range
+    that stops after ``n`` rows. Each part gives its first ``size + 1`` rows past the cursor; those
+    merged in the keyset's order are exactly the first ``size + 1`` rows of the union (the key is
+    unique, so nothing ties), and the page and its next cursor are what one query over the union gives.
+    """
     key = keyset.parse(cursor)
-    if key is not None:
-        rows = rows.filter(keyset.past(key))
-    found = list(rows.order_by(*keyset.order)[: size + 1])
+    found: list[M] = []
+    for rows in parts:
+        if key is not None:
+            rows = rows.filter(keyset.past(key))
+        found.extend(rows.order_by(*keyset.order)[: size + 1])
+    if len(parts) > 1:
+        found.sort(key=keyset.sort_key, reverse=keyset.descending)
     more = len(found) > size
     return KeysetPage(found[:size], keyset.cursor(found[size - 1]) if more else "", key is None)
 

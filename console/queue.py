@@ -15,10 +15,11 @@ from django.http.response import HttpResponseBase
 from django.utils import timezone
 
 from audit import export
-from console.paging import Keyset, keyset_page
+from console.paging import Keyset, merged_keyset_page
 from reads import queue, visibility
 from tasks.models import Task
 from tasks.states import State
+from tenancy.models import Tenant
 from tenancy.selectors import tenant_ids_for
 
 SORTS = {"newest": "Newest first", "age": "Longest in state first"}
@@ -30,11 +31,21 @@ EXPORT_COLUMNS = [
 ]  # fmt: skip
 
 
-def filtered(request: HttpRequest, params: QueryDict) -> tuple[queue.TaskFilter, QuerySet[Task]]:
-    """The user's tasks narrowed by the filters in ``params``; a filter with errors narrows nothing."""
+def filtered(request: HttpRequest, params: QueryDict) -> tuple[queue.TaskFilter, QuerySet[Task], list[int]]:
+    """The user's tasks narrowed by the filters in ``params`` (a filter with errors narrows nothing), and
+    the tenants they are in, to read one at a time (``page``): ``?tenant=`` naming a tenant the user does
+    not hold finds nothing without reading a task."""
     visible = visibility.visible_tasks(request.user)
     filters = queue.TaskFilter(params, queryset=visible, request=request)
-    return filters, (filters.qs if filters.is_valid() else visible.none())
+    if not filters.is_valid():
+        return filters, visible.none(), []
+    held = tenant_ids_for(request.user)
+    slug = filters.form.cleaned_data.get("tenant") or ""
+    if slug:
+        held = list(Tenant.objects.filter(id__in=held, slug=slug).values_list("id", flat=True))
+        if not held:
+            return filters, visible.none(), []
+    return filters, filters.qs, held
 
 
 @dataclass(frozen=True)
@@ -52,12 +63,15 @@ KEYSETS = {
 }
 
 
-def page(tasks: QuerySet[Task], params: QueryDict, *, size: int) -> QueuePage:
-    """One keyset page in the chosen order (``KEYSETS``): one query whatever the table's size."""
+def page(tasks: QuerySet[Task], params: QueryDict, *, size: int, tenants: Sequence[int] = ()) -> QueuePage:
+    """One keyset page in the chosen order (``KEYSETS``), read one tenant at a time when ``tenants``
+    names several (``merged_keyset_page``): one query a tenant whatever the table's size."""
     sort = params.get("sort") or "newest"
     sort = sort if sort in SORTS else "newest"
     keyset = KEYSETS[sort]
-    found = keyset_page(queue.queue_rows(tasks), keyset, params.get(keyset.param), size=size)
+    rows = queue.queue_rows(tasks)
+    parts = [rows.filter(tenant_id=tenant) for tenant in tenants] or [rows]
+    found = merged_keyset_page(parts, keyset, params.get(keyset.param), size=size)
     next_query = ""
     if found.next_cursor:
         rest = params.copy()
@@ -69,14 +83,27 @@ def page(tasks: QuerySet[Task], params: QueryDict, *, size: int) -> QueuePage:
 
 
 def summary(request: HttpRequest) -> dict[str, Any]:
-    counts = queue.state_counts(tenant_ids_for(request.user), cap=COUNT_CAP)
+    """Each state's count: exact up to ``COUNT_CAP``, past it "about N" from PostgreSQL's statistics
+    (``queue.estimated_counts``), or "1,000+" where there are none."""
+    tenant_ids = tenant_ids_for(request.user)
+    counts = queue.state_counts(tenant_ids, cap=COUNT_CAP)
+    estimates = queue.estimated_counts(tenant_ids, [label for label, n in counts.items() if n > COUNT_CAP])
 
-    def shown(n: int) -> str:
-        return f"{COUNT_CAP:,}+" if n > COUNT_CAP else f"{n:,}"
+    def shown(label: str) -> str:
+        n = counts.get(label, 0)
+        if n <= COUNT_CAP:
+            return f"{n:,}"
+        estimate = estimates.get(label, 0)
+        return f"about {_rounded(estimate):,}" if estimate > COUNT_CAP else f"{COUNT_CAP:,}+"
 
-    rows = [(value, label, shown(counts[value])) for value, label in State.choices if value in counts]
-    finished = counts.get(queue.FINISHED, 0)
-    return {"live": rows, "finished": shown(finished)}
+    rows = [(value, label, shown(value)) for value, label in State.choices if value in counts]
+    return {"live": rows, "finished": shown(queue.FINISHED)}
+
+
+def _rounded(n: int) -> int:
+    """``n`` to two significant digits (233,114: 230,000): an estimate says no more than it knows."""
+    scale = 10 ** max(len(str(n)) - 2, 0)
+    return int(round(n / scale) * scale)
 
 
 def _csv_row(task: Task) -> list[Any]:
@@ -87,18 +114,21 @@ def _csv_row(task: Task) -> list[Any]:
     ]  # fmt: skip
 
 
-def _csv_rows(tasks: QuerySet[Task]) -> Iterator[str]:
-    chunks = queue.keyset_chunks(tasks, size=EXPORT_CHUNK)
-    return export.stream_rows(EXPORT_COLUMNS, (_csv_row(task) for chunk in chunks for task in chunk))
+def _csv_rows(tasks: QuerySet[Task], tenants: Sequence[int]) -> Iterator[str]:
+    """Newest first, each tenant read by its own keyset chunks and the streams merged as they go."""
+    rows = queue.merged_newest_first(
+        [tasks.filter(tenant_id=tenant) for tenant in tenants], size=EXPORT_CHUNK
+    )
+    return export.stream_rows(EXPORT_COLUMNS, (_csv_row(task) for task in rows))
 
 
 @login_required
 def export_csv(request: HttpRequest) -> HttpResponseBase:
     """The filtered queue as CSV, streamed: one keyset query per ``EXPORT_CHUNK`` rows, newest first."""
-    filters, tasks = filtered(request, request.GET)
+    filters, tasks, tenants = filtered(request, request.GET)
     if not filters.is_valid():
         return HttpResponseBadRequest(f"Bad filter: {dict(filters.errors)}")
-    rows = _csv_rows(tasks.select_related("tenant").defer("input", "outcome"))
+    rows = _csv_rows(tasks.select_related("tenant").defer("input", "outcome"), tenants)
     response = StreamingHttpResponse(rows, content_type="text/csv; charset=utf-8")
     stamp = timezone.now().strftime("%Y%m%dT%H%M%SZ")
     response["Content-Disposition"] = f'attachment; filename="tasks-{stamp}.csv"'

@@ -41,8 +41,8 @@ class HtmxHttpRequest(HttpRequest):
 
 @login_required
 def queue(request: HtmxHttpRequest) -> HttpResponse:
-    filters, tasks = queue_parts.filtered(request, request.GET)
-    page = queue_parts.page(tasks, request.GET, size=PAGE)
+    filters, tasks, tenants = queue_parts.filtered(request, request.GET)
+    page = queue_parts.page(tasks, request.GET, size=PAGE, tenants=tenants)
     can_bulk = bool(tenant_ids_for(request.user, [Role.OPERATOR, Role.ADMIN]))
     if request.htmx:  # the live refresh: the visible page's rows only
         rows = render(request, "console/queue_rows.html", {"tasks": page.tasks, "can_bulk": can_bulk})

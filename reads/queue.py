@@ -3,6 +3,8 @@ its search document, its rows and the chunks of its CSV export. Scoped by tenant
 
 from __future__ import annotations
 
+import heapq
+import json
 import re
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
@@ -170,6 +172,31 @@ def state_counts(tenant_ids: list[int], *, cap: int) -> dict[str, int]:
         return {label: n for label, n in cursor.fetchall() if n}
 
 
+def estimated_counts(tenant_ids: list[int], labels: Sequence[str]) -> dict[str, int]:
+    """PostgreSQL's estimate of the tasks in each of ``labels`` (a state, or ``FINISHED``), for counts past
+    the summary's cap: the planner's row estimate from the statistics autovacuum's ``ANALYZE`` keeps
+    (one ``EXPLAIN`` each, no task read). Nothing on another database or before the table was ever
+    analyzed: no statistics, no estimate."""
+    if not labels or connection.vendor != "postgresql":
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [Task._meta.db_table])
+        row = cursor.fetchone()
+        if row is None or row[0] < 0:
+            return {}
+        found = {}
+        for label in labels:
+            states = sorted(TERMINAL) if label == FINISHED else [label]
+            sql, params = Task.objects.filter(
+                tenant_id__in=tenant_ids, state__in=states
+            ).query.sql_with_params()
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+            plan = cursor.fetchone()[0]
+            plan = json.loads(plan) if isinstance(plan, str) else plan
+            found[label] = int(plan[0]["Plan"]["Plan Rows"])
+        return found
+
+
 def queue_rows(tasks: QuerySet[Task]) -> QuerySet[Task]:
     """``tasks`` as queue rows, the one read of the console's queue and ``GET /api/tasks/``.
 
@@ -192,3 +219,11 @@ def keyset_chunks(tasks: QuerySet[Task], *, size: int) -> Iterator[list[Task]]:
         if len(chunk) < size:
             return
         before = chunk[-1].id
+
+
+def merged_newest_first(parts: Sequence[QuerySet[Task]], *, size: int) -> Iterator[Task]:
+    """The tasks of every part (disjoint: one per tenant) newest first, as one query over their union
+    would give them: each part walked by ``keyset_chunks`` (an index range on its tenant's -id) and the
+    streams merged lazily, so the first rows come after one chunk per part, whatever the tables hold."""
+    streams = [(task for chunk in keyset_chunks(part, size=size) for task in chunk) for part in parts]
+    return heapq.merge(*streams, key=lambda task: task.id, reverse=True)

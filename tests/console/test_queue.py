@@ -177,3 +177,76 @@ def test_the_search_uses_the_trigram_index(operator, acme):
         cursor.execute(f"EXPLAIN {sql}", params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "task_search_trgm" in plan, plan
+
+
+def plan_of(sql: str, params, *, seqscan: bool = True) -> str:
+    with connection.cursor() as cursor:
+        if not seqscan:  # a small table: forbid the scans a big one would not choose
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            cursor.execute("SET LOCAL enable_indexscan = off")
+        cursor.execute(f"EXPLAIN {sql}", params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+@pytest.fixture
+def many(acme):
+    """4,000 tasks of one tenant, one in ten with a step error, each with an event by a worker but a
+    few by a person; analyzed, so the planner weighs the indexes as it would on a big table."""
+    from audit.models import TransitionEvent
+
+    now = timezone.now()
+    tasks = Task.objects.bulk_create(
+        Task(tenant=acme, task_type="refund_request", objective=f"Refund {n}", input={},
+             state=State.COMPLETED, state_reason="step_error" if n % 10 == 0 else "",
+             policy_version="p1", created_at=now, updated_at=now, state_entered_at=now)
+        for n in range(4000)
+    )  # fmt: skip
+    TransitionEvent.objects.bulk_create(
+        TransitionEvent(task=task, tenant=acme, state_version=1, from_state="", to_state="ready",
+                        trigger="start", actor_kind="worker", actor_id="user:ann" if n % 500 == 0 else
+                        f"worker:w{n % 4}", reason="started", attempt=0, policy_version="p1",
+                        created_at=now, prev_hash="", hash=f"{n:064x}")
+        for n, task in enumerate(tasks)
+    )  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE tasks_task")
+        cursor.execute("ANALYZE audit_transitionevent")
+    return tasks
+
+
+def test_the_reason_filter_reads_its_indexes_so_a_code_nobody_carries_reads_nothing(acme, many):
+    filters = selectors.TaskFilter({"reason": "step_erorr"}, queryset=Task.objects.filter(tenant=acme))
+    plan = plan_of(*filters.qs.order_by("-id")[:51].query.sql_with_params())
+    assert "task_tenant_reason" in plan and "task_tenant_outcome_reason" in plan, plan
+    # and a common code walks the newest-first index, stopping after a page
+    filters = selectors.TaskFilter({"reason": "step_error"}, queryset=Task.objects.filter(tenant=acme))
+    assert len(filters.qs.order_by("-id")[:51]) == 51
+
+
+def test_the_audit_search_by_actor_can_use_its_trigram_index(acme, many):
+    from audit.models import TransitionEvent
+
+    events = TransitionEvent.objects.filter(actor_id__icontains="user:ann")  # the expression Django writes
+    plan = plan_of(*events.order_by("-created_at", "-id")[:51].query.sql_with_params(), seqscan=False)
+    assert "event_actor_trgm" in plan, plan
+
+
+def test_a_count_past_the_cap_says_about_how_many_from_the_statistics(operator, acme, many, monkeypatch):
+    monkeypatch.setattr("console.queue.COUNT_CAP", 100)
+    page = listed(operator)
+    assert "about 4,000" in page  # the 4,000 finished tasks, analyzed, rounded to two digits
+    with connection.cursor() as cursor:  # never analyzed (a new table): no estimate, only "more than"
+        cursor.execute("UPDATE pg_class SET reltuples = -1 WHERE oid = 'tasks_task'::regclass")
+    assert "<strong>100+</strong>" in listed(operator)
+
+
+def test_the_audit_search_by_to_state_reads_one_index_range(acme, many):
+    from audit.models import TransitionEvent
+
+    events = TransitionEvent.objects.filter(tenant=acme, to_state="quarantined")
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # a small table
+        sql, params = events.order_by("-created_at", "-id")[:51].query.sql_with_params()
+        cursor.execute(f"EXPLAIN {sql}", params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "event_tenant_to_state" in plan, plan
