@@ -35,7 +35,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("audit", "0011_lease_takeover_chain"),
+        ("audit", "0012_verified_through"),
         ("tasks", "0005_queue_search"),  # pg_trgm
     ]
 

@@ -32,7 +32,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("audit", "0012_event_actor_search"),
+        ("audit", "0013_event_actor_search"),
     ]
 
     operations = [
