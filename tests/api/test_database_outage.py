@@ -106,3 +106,11 @@ def test_only_outages_are_503s():
     assert outage.outage_reason(OperationalError("server closed the connection unexpectedly"))
     assert outage.outage_reason(IntegrityError("duplicate key")) is None
     assert outage.outage_reason(ValueError("a bug")) is None
+
+
+def test_any_other_error_still_gets_the_500_page(rf):
+    try:
+        raise ValueError("a bug")
+    except ValueError:
+        response = outage.server_error(rf.get("/console/"))
+    assert response.status_code == 500 and "Retry-After" not in response
