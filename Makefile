@@ -17,7 +17,7 @@ PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check --require-
 PIP_TOOLS ?= pip-tools==7.6.2
 LOCK_VENV ?= var/pip-tools
 
-.PHONY: install install-dev demo demo-code prod-check test soak-tests chaos failover bench bench-e2e bench-leases bench-approvals bench-console bench-agents bench-a2a bench-all lint locks docs demo-reset
+.PHONY: install install-dev demo demo-code prod-check test soak-tests chaos failover cluster-test bench-cluster bench bench-e2e bench-leases bench-approvals bench-console bench-agents bench-a2a bench-all lint locks docs demo-reset
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -78,6 +78,20 @@ chaos: install-dev
 # keeps only the payment system's records. Its small twin runs in make test; make chaos runs both.
 failover: install-dev
 	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 0 -m "slow or not slow" tests/chaos/test_standby_failover.py $(PYTEST_ARGS)
+
+# High availability on real servers (marker cluster, out of make test; under 15 minutes): a pg_auto_failover
+# monitor, primary and synchronous secondary on loopback (tests/cluster/autofailover.py), the API and workers
+# on a multi-host DATABASE_URL, the primary killed mid-run. Installs Debian's pg_auto_failover and PgBouncer.
+cluster-test: install-dev
+	scripts/ensure-cluster-packages
+	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 0 -m cluster tests/cluster $(PYTEST_ARGS)
+
+# What that failover costs (bench/cluster.py, the same scenario once at size): seconds without writes,
+# tasks stranded and until all move again, tasks/s before, during and after. JSON in bench/results/.
+CLUSTER_BENCH_ARGS ?= --tasks 200
+bench-cluster: install-dev
+	scripts/ensure-cluster-packages
+	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/python bench/cluster.py $(CLUSTER_BENCH_ARGS)
 
 # mypy's django-stubs plugin imports config.settings, which reads the environment: pin what it needs
 # so a production-like shell (DEBUG=0 without SECRET_KEY) cannot break the type check.

@@ -18,7 +18,7 @@ import environ
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from config import external
+from config import dsn, external
 
 env = environ.Env()
 
@@ -80,6 +80,9 @@ MIDDLEWARE = [
     "config.logging.LogContextMiddleware",
     # /healthz and /readyz, answered before host validation and the HTTPS redirect (config/health.py).
     "config.health.HealthMiddleware",
+    # A view's query meeting a database outage (failover, restart, read-only) answers 503 with
+    # Retry-After, not 500 (config/outage.py; its handler500 covers the middleware below).
+    "config.outage.DatabaseOutageMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -122,7 +125,10 @@ TEMPLATES = [
 ]
 
 DATABASES = {
-    "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'demo.sqlite3'}"),
+    # Several hosts (a failover cluster): libpq finds the writer (config/dsn.py).
+    "default": dsn.database_settings(
+        env, env.str("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'demo.sqlite3'}")
+    ),
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     VAR_DIR.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,8 @@ urlpatterns = [
 
 # The console's 403 page, recorded in the access log (API refusals are recorded by api.errors).
 handler403 = "console.access_log.forbidden"
+# A database outage met before the view (session, user, second factor) answers 503, not 500.
+handler500 = "config.outage.server_error"
 
 if settings.SANDBOX_ENABLED:
     urlpatterns.append(path("sandbox/", include("demo.sandbox.urls")))

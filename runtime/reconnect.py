@@ -40,6 +40,7 @@ from uuid import UUID
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
+from config.outage import REFUSING, sqlstate
 from runtime import db
 from tasks import leases, metrics
 from tasks.backoff import capped_backoff
@@ -49,15 +50,8 @@ log = logging.getLogger(__name__)
 # What a lost, refused or reset connection raises (psycopg's errors, wrapped by Django). Data errors
 # (IntegrityError, DataError, ...) are not here: retrying cannot help them.
 CONNECTION_LOST = (OperationalError, InterfaceError)
-# Server states that mean "this server cannot take our writes now", by SQLSTATE: handled like a lost
-# connection, whatever class psycopg gives them (a read-only transaction is an InternalError).
-REFUSING = {
-    "25006": "read_only",  # read_only_sql_transaction: a demoted primary, a reader, a paused writer
-    "57P01": "admin_shutdown",  # our session was terminated (a failover's, or an operator's)
-    "57P02": "crash_shutdown",
-    "57P03": "cannot_connect_now",  # starting up, shutting down, or in recovery (a standby)
-    "53300": "too_many_connections",
-}
+# REFUSING (config.outage, the list the web's 503 reads too): server states that mean "this server
+# cannot take our writes now", by SQLSTATE, handled like a lost connection whatever class psycopg gives.
 # Another transaction won (serialization failure, deadlock): the server is fine, the transaction is
 # retried — no sessions to drop beyond this thread's, which stays usable.
 CONFLICT = {"40001": "serialization_failure", "40P01": "deadlock"}
@@ -77,17 +71,6 @@ class Backoff:
         ceiling = capped_backoff(self.base, self.attempt, self.cap)
         self.attempt += 1
         return random.uniform(self.base, max(self.base, ceiling))
-
-
-def sqlstate(error: BaseException) -> str | None:
-    """The SQLSTATE of a database error (Django wraps psycopg's, which carries it), or None."""
-    seen: BaseException | None = error
-    while seen is not None:
-        code = getattr(seen, "sqlstate", None)
-        if code:
-            return str(code)
-        seen = seen.__cause__
-    return None
 
 
 def classify(error: BaseException) -> str:
