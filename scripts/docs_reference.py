@@ -4,9 +4,9 @@
 gets the markdown below in its place. Each generator reads its one source of truth:
 
 - states and transitions: `tasks.states` (the ONE transition table), drawn as a Mermaid diagram too;
-- reason codes: the console's per-code guidance (`console.quarantine.BEFORE_RELEASE`), the checkpoint
-  codes (`tasks.checkpoints.CheckpointUnreadable`), the alert kinds (`runtime.models.AlertKind`) and
-  the failure reasons the task types declare (`Fail(..., reason=...)` in `workflows/`);
+- reason codes: the registry `tasks.reasons` (which tests/docs/test_reason_registry.py checks against
+  every place the code gives one), joined with the console's per-code guidance on a quarantined task
+  (`console.quarantine.BEFORE_RELEASE`);
 - settings: every environment variable `config/settings.py` reads (name and default, from its source
   text) with its meaning from `scripts/settings_meanings.toml`;
 - management commands: each project command's own `--help`;
@@ -124,49 +124,41 @@ class Reason:
     code: str
     where: str
     meaning: str
+    before_release: str  # the console's guidance on a quarantined task with this code ("" if none)
+    built: str  # where a code built at run time is built ("" for a code the source spells)
+
+
+# The order the reference groups codes in: where a person meets them, the held ones first.
+WHERE_ORDER = ("quarantined", "failed", "waiting_retry", "expired", "canceled", "audit event", "alert")
 
 
 def reason_codes() -> list[Reason]:
+    """Every code of the registry (`tasks.reasons`), each with the console's release guidance."""
     django_ready()
     from console.quarantine import BEFORE_RELEASE
-    from runtime.models import AlertKind
-    from tasks.checkpoints import CheckpointUnreadable
+    from tasks.reasons import REASONS
 
-    found: dict[str, Reason] = {}
-    for code, meaning in BEFORE_RELEASE.items():
-        found[code] = Reason(code, "quarantine", meaning)
-    for name, value in vars(CheckpointUnreadable).items():
-        if name.isupper() and isinstance(value, str) and value not in found:
-            found[value] = Reason(value, "quarantine", "A stored checkpoint the running code cannot use.")
-    for value, label in AlertKind.choices:
-        found.setdefault(str(value), Reason(str(value), "alert", str(label)))
-    for code, task_type, outcome in workflow_failures():
-        found.setdefault(
-            code, Reason(code, "failed task", f"`{task_type}` ended failed: its `{outcome}` outcome.")
+    rows = [
+        Reason(
+            reason.code,
+            ", ".join(reason.where),
+            reason.meaning,
+            BEFORE_RELEASE.get(reason.code, ""),
+            reason.dynamic,
         )
-    return sorted(found.values(), key=lambda reason: (reason.where, reason.code))
-
-
-def workflow_failures() -> list[tuple[str, str, str]]:
-    """(reason code, task type module, outcome name) of each `Fail(name, reason="...")` in workflows/."""
-    found = []
-    for module in sorted((ROOT / "workflows").glob("*.py")):
-        for node in ast.walk(ast.parse(module.read_text())):
-            if not (
-                isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Fail"
-            ):
-                continue
-            reason = next((k.value for k in node.keywords if k.arg == "reason"), None)
-            name = node.args[0] if node.args else None
-            if isinstance(reason, ast.Constant) and isinstance(name, ast.Constant):
-                found.append((str(reason.value), module.stem, str(name.value)))
-    return found
+        for reason in REASONS
+    ]
+    first = {r.code: WHERE_ORDER.index(r.where[0]) for r in REASONS}
+    return sorted(rows, key=lambda row: (first[row.code], row.code))
 
 
 def reasons_markdown() -> str:
-    lines = ["| code | where you meet it | what it means, and what to do |", "|---|---|---|"]
+    lines = ["| code | where you meet it | what it means | what to do |", "|---|---|---|---|"]
     for reason in reason_codes():
-        lines.append(f"| `{reason.code}` | {reason.where} | {_cell(reason.meaning)} |")
+        meaning = reason.meaning + (f" *Built at run time: {reason.built}.*" if reason.built else "")
+        lines.append(
+            f"| `{reason.code}` | {reason.where} | {_cell(meaning)} | {_cell(reason.before_release)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
