@@ -218,20 +218,20 @@ def _outcome_reasons(node: ast.Call) -> list[ast.expr]:
     return found
 
 
-def modules() -> list[_Module]:
+def modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> list[_Module]:
     found = []
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
             if "migrations" not in path.parts and "tests" not in path.parts:
                 found.append(_Module(path))
     return found
 
 
-def sites() -> Iterator[Site]:
-    scanned = modules()
+def sites(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> Iterator[Site]:
+    scanned = modules(root, packages)
     resolver = _Resolver(scanned)
     for module in scanned:
-        relative = str(module.path.relative_to(ROOT))
+        relative = str(module.path.relative_to(root))
         for node in ast.walk(module.tree):
             if not isinstance(node, ast.Call):
                 continue

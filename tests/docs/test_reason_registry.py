@@ -54,6 +54,57 @@ def test_the_scan_finds_the_codes_people_meet(sites):
     assert "cancel:task" in found and "agent_snapshot_too_large" in found  # f-string, module constant
 
 
+def test_the_scan_resolves_what_the_source_can_say_and_reports_the_rest(tmp_path):
+    """A module of its own, written the ways the code gives reason codes."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "mod.py").write_text(
+        """
+from tasks.models import CancelScope
+from tasks.states import Trigger
+
+HELD = "held_by_constant"
+REFUSALS = {"a": "refused_a", "b": "refused_b"}
+
+
+def decide(progress, exc, which, scope):
+    advance(reason_code="spelled_out")
+    quarantine(progress, HELD, "why")
+    retry_later(progress, code="try_again" if which else "try_later")
+    advance(reason_code=Trigger.FAILOVER)
+    advance(reason_code=f"cancel:{CancelScope.TASK}")
+    code = REFUSALS[which]
+    advance(reason_code=code, changes={"outcome": {"reason": "in_the_outcome"}})
+    Fail("step", reason="declared_failure")
+    raise AgentFailed("agent_said_no", "message")
+    advance(reason_code=exc.code)
+    advance(reason_code=f"cancel:{scope}")
+
+
+def quarantine(progress, code, reason):
+    return Decision(reason_code=code)  # forwarded: its callers are scanned
+"""
+    )
+    found = list(reason_sites.sites(tmp_path, ("pkg",)))
+    codes = {code for site in found for code in site.codes}
+    assert codes == {
+        "spelled_out",
+        "held_by_constant",
+        "try_again",
+        "try_later",
+        "failover",
+        "cancel:task",
+        "refused_a",
+        "refused_b",
+        "in_the_outcome",
+        "declared_failure",
+        "agent_said_no",
+    }
+    assert {(s.path, s.expression) for s in found if s.dynamic} == {
+        ("pkg/mod.py", "exc.code"),
+        ("pkg/mod.py", "f'cancel:{scope}'"),
+    }
+
+
 def test_every_code_the_source_gives_is_in_the_registry(sites):
     missing = {
         f"{code} ({site.path}:{site.line})"
