@@ -27,7 +27,8 @@ export also names the head and version it was read up to (the JSON's
 content, and each event carries the SHA-256 ``digest`` of its canonical JSON
 (``audit.export_check``, which says exactly what is signed): an auditor verifies it with the anchor
 public key alone (``manage.py verify_export``, ``scripts/verify_export.py``), never with the chain's
-secret. A process that does not hold ``AUDIT_ANCHOR_KEY`` writes the block as
+secret; a web host that must not hold that key signs with ``AUDIT_EXPORT_KEY`` instead
+(``audit.keys.export_signing_key``). A process that holds neither writes the block as
 ``{"unsigned": why}``, which every verifier refuses.
 
 Pure Python over already-read events: no queries here (the caller streams pages).
@@ -123,7 +124,7 @@ def _signing(signer: Ed25519PrivateKey | None) -> dict[str, Any]:
 
 def _signature(signer: Ed25519PrivateKey | None, digest: str) -> dict[str, Any]:
     if signer is None:
-        return {"unsigned": "this process does not hold the anchor signing key (AUDIT_ANCHOR_KEY)"}
+        return {"unsigned": "this process holds no export signing key (AUDIT_EXPORT_KEY or AUDIT_ANCHOR_KEY)"}
     return {
         "algorithm": "ed25519",
         "key": export_check.fingerprint(signer.public_key()),

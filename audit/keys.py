@@ -166,6 +166,17 @@ def held_signing_key() -> Ed25519PrivateKey | None:
         return None
 
 
+def export_signing_key() -> Ed25519PrivateKey | None:
+    """What signs a history export (``audit.export``): ``AUDIT_EXPORT_KEY`` where it is set (a web host,
+    which must not hold the anchor key), else the anchor key if this host holds it, else None (the export
+    says it is unsigned). An export key vouches for what the web tier read from the database, as the chain
+    key it also holds does; the anchor key, which vouches for the chain heads outside it, stays away."""
+    text = str(getattr(settings, "AUDIT_EXPORT_KEY", "") or "").strip()
+    if text:
+        return Ed25519PrivateKey.from_private_bytes(_decoded(text, "AUDIT_EXPORT_KEY"))
+    return held_signing_key()
+
+
 def anchor_public_keys() -> dict[str, Ed25519PublicKey]:
     """Every public key whose anchors are trusted, by fingerprint: the signer's own and
     ``AUDIT_ANCHOR_PUBLIC_KEYS``. ``ImproperlyConfigured`` when there is none at all."""
@@ -186,6 +197,17 @@ def anchor_public_keys() -> dict[str, Ed25519PublicKey]:
     return trusted
 
 
+def export_public_keys() -> dict[str, Ed25519PublicKey]:
+    """The public keys a signed export verifies under on this host: the anchor keys, and the export key's
+    when ``AUDIT_EXPORT_KEY`` is set. What ``audit_anchor --public-key`` prints and ``verify_export``
+    trusts when given no key file."""
+    trusted = dict(anchor_public_keys())
+    signer = export_signing_key()
+    if signer is not None:
+        trusted[fingerprint(signer.public_key())] = signer.public_key()
+    return trusted
+
+
 def configuration_problems() -> tuple[list[str], list[str]]:
     """``(missing, malformed)``: what is wrong with the tamper-evidence keys, as messages.
 
@@ -196,6 +218,7 @@ def configuration_problems() -> tuple[list[str], list[str]]:
     for read, names in (
         (_configured_chain_keys, ("AUDIT_HMAC_KEYS",)),
         (anchor_public_keys, ("AUDIT_ANCHOR_KEY", "AUDIT_ANCHOR_PUBLIC_KEYS")),
+        (export_signing_key, ("AUDIT_EXPORT_KEY",)),
     ):
         try:
             read()

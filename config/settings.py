@@ -261,6 +261,9 @@ EXTERNAL_EVENTS_MAX_PER_TASK = env.int("EXTERNAL_EVENTS_MAX_PER_TASK", default=1
 AUDIT_HMAC_KEYS = env.str("AUDIT_HMAC_KEYS", default="")
 AUDIT_ANCHOR_KEY = env.str("AUDIT_ANCHOR_KEY", default="")
 AUDIT_ANCHOR_PUBLIC_KEYS = env.list("AUDIT_ANCHOR_PUBLIC_KEYS", default=[])
+# AUDIT_EXPORT_KEY: base64 Ed25519 seed signing history exports on hosts that do not hold the anchor key
+# (the web tier in production). Unset: exports are signed with the anchor key where the host holds it.
+AUDIT_EXPORT_KEY = env.str("AUDIT_EXPORT_KEY", default="")
 # No start without them outside development, like SECRET_KEY (README, "Production"): every transition
 # is chained under AUDIT_HMAC_KEYS, every anchor signed (or, on a host that only verifies, checked) with
 # the anchor keys. Their format is checked at start-up by audit.apps.

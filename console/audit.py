@@ -26,7 +26,7 @@ from audit import export
 from audit import selectors as audit_selectors
 from audit.anchor import last_run
 from audit.chain import BrokenLink
-from audit.keys import held_signing_key
+from audit.keys import export_signing_key
 from console.access import AUDIT_ROLES, get_task_for_auditing, tenant_ids_or_403
 from console.forms import ConsoleForm
 from reads import audit_search
@@ -166,7 +166,7 @@ def _stream(
         export.stream_csv(events)
         if fmt == "csv"
         else export.stream_json(
-            export.header(kind=kind, exported_at=exported_at, **head), events, signer=held_signing_key()
+            export.header(kind=kind, exported_at=exported_at, **head), events, signer=export_signing_key()
         )
     )
     response = StreamingHttpResponse(chunks, content_type=EXPORT_TYPES[fmt])

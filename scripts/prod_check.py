@@ -109,6 +109,7 @@ def environment(database_url: str, port: int, sandbox: str) -> tuple[dict[str, s
         "FIELD_ENCRYPTION_KEYS": f"k1:{Fernet.generate_key().decode()}",
         "AUDIT_HMAC_KEYS": f"k1:{secrets.token_urlsafe(32)}",
         "AUDIT_ANCHOR_PUBLIC_KEYS": public,
+        "AUDIT_EXPORT_KEY": anchor_keys()[0],  # the web tier's own export key (not the anchor's)
         "PUBLIC_BASE_URL": base,
         "WEB_BIND": f"127.0.0.1:{port}",
         "WEB_WORKERS": "1",

@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.management import CommandError, call_command
 from django.test import Client
 
+from audit import keys as audit_keys
 from audit.export_check import read_public_keys, verify
 from audit.keys import anchor_public_keys
 from console import audit as audit_views
@@ -128,12 +129,32 @@ def test_a_wrong_public_key_is_refused(auditor, acme, tmp_path, capsys):
 def test_an_export_from_a_host_without_the_signing_key_is_unsigned_and_refused(
     auditor, acme, tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.setattr(audit_views, "held_signing_key", lambda: None)  # a web host with public keys only
+    monkeypatch.setattr(audit_views, "export_signing_key", lambda: None)  # a web host with public keys only
     task = task_with_history(acme, steps=1)
     path, key = exported(auditor, task, tmp_path), published_key(tmp_path, capsys)
 
     outcome = verify(path.read_bytes(), read_public_keys(key.read_text()))
-    assert not outcome.ok and outcome.signature and "AUDIT_ANCHOR_KEY" in outcome.message
+    assert not outcome.ok and outcome.signature and "AUDIT_EXPORT_KEY" in outcome.message
+
+
+def test_a_web_host_without_the_anchor_key_signs_with_its_export_key(
+    auditor, acme, tmp_path, capsys, monkeypatch, settings
+):
+    """The production layout: the anchor key only on the anchor worker's host, the web tier with an
+    export key of its own, whose public key the operator publishes beside the anchor keys."""
+    monkeypatch.setattr(audit_keys, "held_signing_key", lambda: None)
+    seed = Ed25519PrivateKey.generate()
+    settings.AUDIT_EXPORT_KEY = audit_keys.encode_private(seed)
+    task = task_with_history(acme, steps=2)
+    path, key = exported(auditor, task, tmp_path), published_key(tmp_path, capsys)
+
+    exporter = audit_keys.fingerprint(seed.public_key())
+    assert f"# export public key {exporter}" in key.read_text()
+    document = json.loads(path.read_text())
+    assert document["signature"]["key"] == exporter not in anchor_public_keys()
+    call_command("verify_export", str(path), "--public-key", str(key))
+    assert capsys.readouterr().out.startswith("ok:")
+    assert run_script(str(path), "--public-key", str(key)).returncode == 0
 
 
 def test_a_chain_broken_when_exported_is_signed_but_not_ok(auditor, acme, tmp_path, capsys):

@@ -5,8 +5,9 @@ what it holds. ``--if-due``: only when one is due (``AUDIT_ANCHOR_INTERVAL``
 passed since the newest, or a consequential transition asked for one), what
 beat polls every minute (``audit.workers.anchor_if_due``); for a cron job
 instead of beat. ``--generate-key`` prints a new Ed25519 key pair for ``AUDIT_ANCHOR_KEY`` /
-``AUDIT_ANCHOR_PUBLIC_KEYS`` and writes nothing. ``--public-key`` prints the public keys this host
-trusts (PEM, each under a comment with its fingerprint): what an auditor verifies anchors and signed
+``AUDIT_ANCHOR_PUBLIC_KEYS`` (or ``AUDIT_EXPORT_KEY``) and writes nothing. ``--public-key`` prints the
+public keys this host trusts, and its export key's where it has one (PEM, each under a comment with its
+fingerprint): what an auditor verifies anchors and signed
 exports with (``manage.py verify_export FILE --public-key PATH``, ``scripts/verify_export.py``).
 """
 
@@ -21,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.management.base import BaseCommand
 
 from audit.anchor import anchor_if_due, write_anchor
-from audit.keys import anchor_public_keys, encode_private, encode_public, fingerprint
+from audit.keys import anchor_public_keys, encode_private, encode_public, export_public_keys, fingerprint
 
 
 class Command(BaseCommand):
@@ -47,11 +48,13 @@ class Command(BaseCommand):
         **options: Any,
     ) -> None:
         if public_key:
-            for key_id, public in anchor_public_keys().items():
+            anchors = anchor_public_keys()
+            for key_id, public in export_public_keys().items():
+                label = "anchor public key" if key_id in anchors else "export public key"
                 pem = public.public_bytes(
                     serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
                 )
-                self.stdout.write(f"# anchor public key {key_id}\n{pem.decode().strip()}")
+                self.stdout.write(f"# {label} {key_id}\n{pem.decode().strip()}")
             return
         if generate_key:
             private = Ed25519PrivateKey.generate()

@@ -16,7 +16,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from audit.export_check import KeyFileError, check_file, read_public_keys
-from audit.keys import anchor_public_keys
+from audit.keys import export_public_keys
 
 
 class Command(BaseCommand):
@@ -33,7 +33,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, file: Path, public_key: Path | None, **options: Any) -> None:
         try:
-            keys = read_public_keys(public_key.read_text()) if public_key else anchor_public_keys()
+            keys = read_public_keys(public_key.read_text()) if public_key else export_public_keys()
             outcome = check_file(file, keys)
         except (OSError, KeyFileError) as exc:
             raise CommandError(f"cannot read: {exc}", returncode=2) from None
