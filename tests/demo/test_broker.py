@@ -14,12 +14,15 @@ import config.broker
 
 
 def _connection(folder: Path) -> Connection:
+    # Every folder under the test's own: kombu's default control folder is ./control, shared with
+    # whatever else runs in the same directory (its exchange tables route the messages).
     return Connection(
         "filesystem://",
         transport="config.broker:Transport",
         transport_options={
-            "data_folder_in": str(folder),
-            "data_folder_out": str(folder),
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "control_folder": str(folder / "control"),
             "store_processed": False,
         },
     )
@@ -28,6 +31,7 @@ def _connection(folder: Path) -> Connection:
 def test_a_message_is_not_visible_to_a_consumer_until_it_is_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    (tmp_path / "queue").mkdir()
     producer, consumer = _connection(tmp_path), _connection(tmp_path)
     queue = consumer.SimpleQueue("region.eu")
     seen_while_writing: list[list[str]] = []
@@ -35,7 +39,7 @@ def test_a_message_is_not_visible_to_a_consumer_until_it_is_whole(
 
     def replace(src: str, dst: str) -> None:
         # the message is fully written under its temporary name: nothing a consumer would take yet
-        seen_while_writing.append(sorted(os.listdir(tmp_path)))
+        seen_while_writing.append(sorted(os.listdir(tmp_path / "queue")))
         with pytest.raises(queue.Empty):
             queue.get(block=False)
         real_replace(src, dst)
@@ -47,4 +51,4 @@ def test_a_message_is_not_visible_to_a_consumer_until_it_is_whole(
     message = queue.get(timeout=5)
     assert message.payload == {"task": "42"}
     message.ack()
-    assert not [name for name in os.listdir(tmp_path) if name.endswith(".msg") or name.endswith(".part")]
+    assert not [n for n in os.listdir(tmp_path / "queue") if n.endswith(".msg") or n.endswith(".part")]
