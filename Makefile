@@ -17,7 +17,7 @@ PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check --require-
 PIP_TOOLS ?= pip-tools==7.6.2
 LOCK_VENV ?= var/pip-tools
 
-.PHONY: install install-dev demo demo-code prod-check test soak-tests chaos failover cluster-test bench-cluster bench bench-e2e bench-leases bench-approvals bench-console bench-agents bench-a2a bench-all lint locks docs demo-reset
+.PHONY: install install-dev demo demo-code prod-check test soak-tests chaos failover cluster-test pgbouncer-test bench-cluster bench bench-e2e bench-leases bench-approvals bench-console bench-agents bench-a2a bench-all lint locks docs demo-reset
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -85,6 +85,15 @@ failover: install-dev
 cluster-test: install-dev
 	scripts/ensure-cluster-packages
 	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 0 -m cluster tests/cluster $(PYTEST_ARGS)
+
+# The worker tests behind a real PgBouncer in transaction mode (tests/cluster/pgbouncer.py, one per run on a
+# spare port): DATABASE_URL through it with DATABASE_POOLER=transaction, the liveness locks direct
+# (DATABASE_LIVENESS_URL). PGBOUNCER_TESTS names the directories; out of make test.
+PGBOUNCER_TESTS ?= tests/runtime tests/tasks
+pgbouncer-test: install-dev
+	scripts/ensure-cluster-packages
+	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/python -m tests.cluster.pgbouncer -- \
+		$(BIN)/pytest -n 2 -p tests.cluster.behind_pgbouncer $(PGBOUNCER_TESTS) $(PYTEST_ARGS)
 
 # What that failover costs (bench/cluster.py, the same scenario once at size): seconds without writes,
 # tasks stranded and until all move again, tasks/s before, during and after. JSON in bench/results/.

@@ -20,6 +20,18 @@ list of hosts:
   that drops packets must not hold each new connection for the kernel's minutes.
 
 A URL with one host is django-environ's, unchanged.
+
+Behind a transaction-pooling proxy (PgBouncer with ``pool_mode = transaction``)
+consecutive transactions of one Django connection may run on different server
+sessions, so nothing may outlive a transaction. ``DATABASE_POOLER=transaction``
+(``pooled``) turns off server-side cursors (``QuerySet.iterator()`` would
+declare a cursor in one session and fetch from another) and pins psycopg's
+automatic prepared statements off (``prepare_threshold`` None, which a URL
+cannot spell). The one session-level object the app keeps, each worker's
+liveness lock (``tasks.liveness``), needs a session of its own straight to
+PostgreSQL: ``DATABASE_LIVENESS_URL`` (``liveness_settings``); with the pooler
+in transaction mode and liveness on, start-up refuses to go on without it
+(``require_direct_liveness``).
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 POSTGRES_SCHEMES = {"postgres", "postgresql", "pgsql", "psql"}
 DEFAULT_PORT = "5432"
+POOLERS = ("none", "transaction")  # DATABASE_POOLER: what sits between the app and PostgreSQL
 SESSION_ATTRS = {"any", "read-write", "read-only", "primary", "standby", "prefer-standby"}
 CONNECT_TIMEOUT = 5  # seconds per host
 
@@ -76,3 +89,59 @@ def database_settings(env: environ.Env, url: str) -> dict[str, Any]:
         )
     options.setdefault("connect_timeout", CONNECT_TIMEOUT)
     return config
+
+
+def pooled(config: dict[str, Any], pooler: str) -> dict[str, Any]:
+    """``config`` (a ``DATABASES`` entry) made safe behind ``pooler`` (``DATABASE_POOLER``), in place.
+
+    ``none``: a direct connection, or a pooler in session mode; nothing changes.
+    ``transaction``: no server-side cursors, no automatic prepared statements.
+    """
+    if pooler not in POOLERS:
+        raise ImproperlyConfigured(
+            f"DATABASE_POOLER: {pooler!r} is not one of {', '.join(POOLERS)} "
+            "(transaction: a transaction-pooling proxy such as PgBouncer with pool_mode = transaction)"
+        )
+    if pooler == "none":
+        return config
+    if config.get("ENGINE") != "django.db.backends.postgresql":
+        raise ImproperlyConfigured("DATABASE_POOLER=transaction: DATABASE_URL must name PostgreSQL")
+    options = config.setdefault("OPTIONS", {})
+    if options.get("prepare_threshold") is not None:
+        raise ImproperlyConfigured(
+            "DATABASE_URL: prepare_threshold cannot be used with DATABASE_POOLER=transaction "
+            "(a statement prepared on one server session is unknown to the next)"
+        )
+    options["prepare_threshold"] = None
+    config["DISABLE_SERVER_SIDE_CURSORS"] = True
+    return config
+
+
+def liveness_settings(env: environ.Env, url: str) -> dict[str, Any] | None:
+    """Where the worker's liveness lock connects (``DATABASE_LIVENESS_URL``): the connection fields of a
+    ``DATABASES`` entry, parsed as ``DATABASE_URL`` is (several hosts too). None when ``url`` is empty:
+    the lock goes where ``DATABASE_URL`` points."""
+    if not url:
+        return None
+    if urlsplit(url).scheme not in POSTGRES_SCHEMES:
+        raise ImproperlyConfigured(
+            f"DATABASE_LIVENESS_URL: {_shown(url)} is not a PostgreSQL URL "
+            "(the liveness lock is a PostgreSQL advisory lock)"
+        )
+    try:
+        config = database_settings(env, url)
+    except ImproperlyConfigured as exc:
+        raise ImproperlyConfigured(str(exc).replace("DATABASE_URL", "DATABASE_LIVENESS_URL", 1)) from None
+    return {field: config[field] for field in ("NAME", "USER", "PASSWORD", "HOST", "PORT", "OPTIONS")
+            if field in config}  # fmt: skip
+
+
+def require_direct_liveness(pooler: str, liveness: bool, direct: dict[str, Any] | None) -> None:
+    """Refuse to start with the liveness lock behind a transaction pooler: the lock would stay on a
+    pooled server session after its worker died, and the worker's leases would wait for their TTL."""
+    if pooler == "transaction" and liveness and direct is None:
+        raise ImproperlyConfigured(
+            "DATABASE_POOLER=transaction: set DATABASE_LIVENESS_URL to a direct PostgreSQL URL (not "
+            "through the pooler) for the workers' liveness locks, or WORKER_LIVENESS=0 (leases then "
+            "lapse by their TTL only)"
+        )

@@ -136,6 +136,14 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # (IMMEDIATE) lets a waiting writer queue on the busy timeout instead of
     # failing when a read-then-write transaction tries to upgrade its lock.
     DATABASES["default"].setdefault("OPTIONS", {}).update({"timeout": 20, "transaction_mode": "IMMEDIATE"})
+# What sits between the processes and PostgreSQL: `none` (a direct connection, or a pooler in session
+# mode) or `transaction` (PgBouncer with pool_mode = transaction): then no server-side cursors and no
+# automatic prepared statements, nothing that must outlive a transaction (config/dsn.py).
+DATABASE_POOLER = env.str("DATABASE_POOLER", default="none")
+dsn.pooled(DATABASES["default"], DATABASE_POOLER)
+# A direct PostgreSQL URL, never through a transaction pooler, for the workers' liveness locks alone
+# (tasks/liveness.py): a session-level lock must live on a session of its own. Empty: DATABASE_URL.
+DATABASE_LIVENESS = dsn.liveness_settings(env, env.str("DATABASE_LIVENESS_URL", default=""))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTHENTICATION_BACKENDS = [
@@ -454,9 +462,10 @@ LEASE_TTL_SECONDS = env.float("LEASE_TTL_SECONDS", default=30.0)
 WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=32)
 WORKER_DB_CONNECTIONS = env.int("WORKER_DB_CONNECTIONS", default=0)  # 0: min(concurrency, 8) + 2
 # Each worker process holds a PostgreSQL advisory lock while it lives, so the leases of a process
-# that died are taken over at once instead of after their TTL (tasks/liveness.py). Turn it off
-# behind a transaction-pooling proxy, where session locks mean nothing.
+# that died are taken over at once instead of after their TTL (tasks/liveness.py). Behind a
+# transaction-pooling proxy the lock needs DATABASE_LIVENESS_URL (a direct connection), or this off.
 WORKER_LIVENESS = env.bool("WORKER_LIVENESS", default=True)
+dsn.require_direct_liveness(DATABASE_POOLER, WORKER_LIVENESS, DATABASE_LIVENESS)
 # Leases are timed by the database's clock; a worker measures its own clock against it at start and
 # on every heartbeat, and claims nothing while the two differ by more than this many seconds (the
 # other times it writes, deadlines and audit times among them, come from its own clock).

@@ -12,7 +12,9 @@
    commit the database refuses for this task's data (``DataError``, an
    unexpected ``IntegrityError``) quarantines the task, like any step error;
    only a database in trouble (connection lost) reaches the worker's loop.
-5. Repeat while the task stays runnable; release the lease.
+5. Repeat while the task stays runnable; release the lease (on PostgreSQL the
+   commit that moves the task out of the runnable states releases it in its
+   own statement, and closes the open cancel requests of an end there too).
 
 Between steps the lease is checked: with ``heartbeats`` (``runtime.heartbeats``, the
 worker loop's one thread that extends every in-flight lease) by looking at what its
@@ -156,6 +158,7 @@ def _run_task(
     signal = heartbeats.hold(lease) if heartbeats is not None else None
     signaled = llm.cancel_signal.set(signal.interrupt if signal is not None else None)
     point: services.ResumePoint | None = None
+    released = False
     try:
         for _ in range(MAX_STEPS):
             if stopping():
@@ -203,8 +206,15 @@ def _run_task(
             if decision is None:
                 hold = DEFERRED_HOLD
                 return "deferred"  # e.g. a cancel waiting on a system that cannot answer yet
-            done = decisions.commit_read(task, decision, actor=actor, lease=lease)
+            # A move out of the runnable states ends this run: its commit gives the lease up too.
+            stops = decision.to_state not in RUNNABLE
+            if stops and heartbeats is not None:
+                heartbeats.drop(lease)  # before, not after: a beat finding it released would count it lost
+            done = decisions.commit_read(task, decision, actor=actor, lease=lease, release=stops)
+            released = done.released
             chaos.after_commit(done.task, decision.progress.step if decision.progress else None)
+            if stops:
+                return done.task.state
             written = done.checkpoint
             if written is not None:  # decoded as a load would, without the round trip
                 checkpoint = checkpoints.decode(written.body, written.schema_version)
@@ -230,7 +240,8 @@ def _run_task(
         llm.cancel_signal.reset(signaled)
         if heartbeats is not None:
             heartbeats.drop(lease)
-        leases.release(lease, hold=hold)
+        if not released:  # else the last commit gave it up in its own statement
+            leases.release(lease, hold=hold)
 
 
 def _quarantine_after_error(task_id: UUID | str, actor: Actor, lease: leases.Held, exc: Exception) -> None:

@@ -8,18 +8,21 @@
    last child's worker does that itself, unless it died in between).
 4. A quarantine an older deployment made over an effect key it computed in
    another scheme, the facts unchanged, is lifted (``runtime.rollout``).
-5. Every runnable task without a live lease rings the doorbell again (dead
-   leases need no separate step: an expired lease is simply not live).
+5. Every runnable task of the region without a live lease rings the doorbell
+   again (dead leases need no separate step: an expired lease is simply not
+   live). A sweep without a doorbell (``ring=None``: ``run_worker --sweep``,
+   whose loop claims by polling) skips this query altogether.
 
 Each move is an ordinary transition at the version read; if something else
 moved the task first, that task is skipped, not retried.
 
-Steps 1-4 move only tasks of the sweep's own region (``WORKER_REGION``, or
-``region``): a region's sweep never advances a task another region owns, so
+Every step looks only at tasks of the sweep's own region (``WORKER_REGION``,
+or ``region``): a region's sweep never advances a task another region owns, so
 after a failover (``runtime.failover``) the old region's sweep, partitioned
-and unaware, leaves the moved tasks alone. Step 5 rings for every region: a
-doorbell names the task's region queue and advances nothing (the claim is
-region-filtered and fenced), so a region whose beat is down still hears it.
+and unaware, leaves the moved tasks alone. Step 5 is region-filtered too, so
+it reads the claim's own index (``task_runnable``: region, then age) rather
+than every runnable task of every region; a region needs its own sweep anyway
+(steps 1-4 end its waits), and its doorbell is rung by that sweep.
 """
 
 from __future__ import annotations
@@ -124,9 +127,13 @@ def expire_past_deadline(now: datetime, report: SweepReport, region: str) -> Non
         )
 
 
-def ring_for_eligible(now: datetime, ring: Callable[[UUID, str], None], report: SweepReport) -> None:
+Ring = Callable[[UUID, str], None]
+
+
+def ring_for_eligible(now: datetime, ring: Ring, report: SweepReport, region: str) -> None:
+    """Ring for ``region``'s runnable tasks without a live lease, longest waiting first (``BATCH``)."""
     eligible = (
-        Task.objects.filter(state__in=RUNNABLE)
+        Task.objects.filter(state__in=RUNNABLE, region=region)
         .exclude(leases.live_lease_exists(now))
         .order_by("state_entered_at")
         .values_list("id", "region")[:BATCH]
@@ -136,10 +143,9 @@ def ring_for_eligible(now: datetime, ring: Callable[[UUID, str], None], report: 
         report.rung += 1
 
 
-def sweep(
-    ring: Callable[[UUID, str], None], *, now: datetime | None = None, region: str | None = None
-) -> SweepReport:
-    """One sweep of ``region``'s tasks (default ``WORKER_REGION``); rings for runnable tasks of any region."""
+def sweep(ring: Ring | None, *, now: datetime | None = None, region: str | None = None) -> SweepReport:
+    """One sweep of ``region``'s tasks (default ``WORKER_REGION``). ``ring``: the doorbell for its
+    runnable unleased tasks; None when nothing listens (a polling worker), and that query is skipped."""
     now = now or timezone.now()
     region = region or settings.WORKER_REGION
     report = SweepReport()
@@ -147,7 +153,8 @@ def sweep(
     expire_past_deadline(now, report, region)
     report.parents_woken = children.wake_waiting(region, BATCH)
     report.quarantines_lifted = rollout.lift_key_scheme_quarantines(region, BATCH)
-    ring_for_eligible(timezone.now(), ring, report)
+    if ring is not None:
+        ring_for_eligible(timezone.now(), ring, report, region)
     if report.waits_ended or report.expired or report.quarantines_lifted:
         log.info("sweep", extra=vars(report))
     return report

@@ -33,9 +33,12 @@ def commit(task: Task, decision: Decision, *, actor: Actor, lease: Held | None =
     return advance(task.id, task.state_version, decision.to_state, **_options(decision, actor, lease))
 
 
-def commit_read(task: Task, decision: Decision, *, actor: Actor, lease: Held) -> Advanced:
-    """``commit`` from the row the worker read, without reading it again (see ``advance_read``)."""
-    return advance_read(task, decision.to_state, **_options(decision, actor, lease))
+def commit_read(
+    task: Task, decision: Decision, *, actor: Actor, lease: Held, release: bool = False
+) -> Advanced:
+    """``commit`` from the row the worker read, without reading it again (see ``advance_read``;
+    ``release``: give the lease up in the same statement)."""
+    return advance_read(task, decision.to_state, release=release, **_options(decision, actor, lease))
 
 
 def _options(decision: Decision, actor: Actor, lease: Held | None) -> dict[str, Any]:

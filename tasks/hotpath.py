@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -19,7 +21,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import ForeignObjectRel, QuerySet
 
-from tasks.models import Lease, Task
+from tasks.models import CancelRequest, CancelScope, Lease, Task
 
 _cache: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
@@ -115,13 +117,25 @@ def compare_and_set(
     fields: Sequence[str],
     lease: tuple[int, str] | None = None,
     epoch: int | None = None,
+    close: CancelAnswers | None = None,
+    release: bool = False,
 ) -> bool:
     """Write ``fields`` of ``task`` and bump its version, only if it is still at
     ``expected_version`` in ``from_state`` (and, given ``lease`` = (token,
     worker id), only while that lease is live by the database's clock; given ``epoch``, only while
     the task's ownership epoch is that one: no failover since). True if the row changed.
+
+    On PostgreSQL (``folds()``), in the same statement and only if the row changed: ``close``
+    answers the task's open cancel requests, and ``release`` gives ``lease`` up as
+    ``tasks.leases.release`` does (both columns at the statement's time). The statement is then
+    ``WITH moved AS (UPDATE … RETURNING id), … SELECT count(*) FROM moved``: the count is still
+    the compare-and-set's result, and the other writes key on ``moved``, so a refused
+    compare-and-set writes nothing at all.
     """
-    key = ("update", tuple(fields), lease is not None, epoch is not None)
+    release = release and lease is not None
+    if (close is not None or release) and not folds():
+        raise ValueError("only PostgreSQL folds writes into the compare-and-set")
+    key = ("update", tuple(fields), lease is not None, epoch is not None, close is not None, release)
     connection, prepared = _connection(), _prepared()
     if key not in prepared:
         table = connection.ops.quote_name(Task._meta.db_table)
@@ -140,6 +154,8 @@ def compare_and_set(
                 f" AND {_column(Lease, 'worker_id')} = %s"
                 f" AND {_column(Lease, 'expires_at')} > {_now(connection)})"
             )
+        if close is not None or release:
+            sql = _folded(connection, sql, close=close is not None, release=release)
         prepared[key] = (sql, [Task._meta.get_field(name) for name in fields])
     sql, columns = prepared[key]
     pk = Task._meta.get_field("id").get_db_prep_value(task.pk, connection)
@@ -150,10 +166,70 @@ def compare_and_set(
     if lease is not None:
         token, worker_id = lease
         params += [pk, token, worker_id]
+    if close is not None:
+        params += _answer_params(connection, close)
+    if release and lease is not None:
+        params.append(lease[0])
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+        if close is not None or release:
+            (moved,) = cursor.fetchone()
+            return bool(moved == 1)
         updated: int = cursor.rowcount
         return updated == 1
+
+
+@dataclass(frozen=True)
+class CancelAnswers:
+    """How a move answers the task's open cancel requests: the ``task`` request one way, the others
+    another (``tasks.transitions`` decides which)."""
+
+    own_status: str
+    own_resolution: str
+    other_status: str
+    other_resolution: str
+    resolved_at: datetime
+
+
+def folds() -> bool:
+    """Whether this database takes writes folded into the compare-and-set (data-modifying CTEs)."""
+    return _connection().vendor == "postgresql"
+
+
+def _folded(connection: BaseDatabaseWrapper, update: str, *, close: bool, release: bool) -> str:
+    """``update`` (the compare-and-set) as a statement that also closes cancel requests and/or
+    releases the lease, each only for the row it moved; returns the number of rows moved."""
+    parts = [f"moved AS ({update} RETURNING {_column(Task, 'id')})"]
+    if close:
+        table = connection.ops.quote_name(CancelRequest._meta.db_table)
+        scope, status = _column(CancelRequest, "scope"), _column(CancelRequest, "status")
+        parts.append(
+            f"closed AS (UPDATE {table} SET {status} = CASE WHEN {scope} = %s THEN %s ELSE %s END,"
+            f" {_column(CancelRequest, 'resolution')} = CASE WHEN {scope} = %s THEN %s ELSE %s END,"
+            f" {_column(CancelRequest, 'resolved_at')} = %s"
+            f" WHERE {_column(CancelRequest, 'task')} IN (SELECT {_column(Task, 'id')} FROM moved)"
+            f" AND {status} = %s)"
+        )
+    if release:
+        table = connection.ops.quote_name(Lease._meta.db_table)
+        now = _now(connection)
+        parts.append(
+            f"released AS (UPDATE {table} SET {_column(Lease, 'expires_at')} = {now},"
+            f" {_column(Lease, 'heartbeat_at')} = {now}"
+            f" WHERE {_column(Lease, 'task')} IN (SELECT {_column(Task, 'id')} FROM moved)"
+            f" AND {_column(Lease, 'token')} = %s)"
+        )
+    return f"WITH {', '.join(parts)} SELECT count(*) FROM moved"
+
+
+def _answer_params(connection: BaseDatabaseWrapper, close: CancelAnswers) -> list[Any]:
+    own = CancelScope.TASK
+    resolved_at = CancelRequest._meta.get_field("resolved_at").get_db_prep_save(close.resolved_at, connection)
+    return [
+        own, close.own_status, close.other_status,
+        own, close.own_resolution, close.other_resolution,
+        resolved_at, CancelRequest.Status.PENDING,
+    ]  # fmt: skip
 
 
 def insert(obj: models.Model) -> None:

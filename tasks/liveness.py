@@ -16,7 +16,10 @@ fenced by the token. A machine that vanishes without closing its sockets is
 noticed by TCP keepalives (set on the liveness connection) or, at the latest,
 by the TTL. SQLite (the embedded demo) has no advisory locks: leases carry no
 key and lapse by TTL only. Behind a transaction-pooling proxy (PgBouncer in
-``transaction`` mode) a session lock means nothing: set ``WORKER_LIVENESS=0``.
+``transaction`` mode) a session lock through the proxy would stay on a pooled
+server session after its worker died: the lock's connection goes straight to
+PostgreSQL instead, at ``DATABASE_LIVENESS_URL`` (``config.dsn``); the check of
+``pg_locks`` may go through the proxy (it sees every session's locks).
 
 The same connection measures the worker's clock against the database's, when
 the lock is taken and on every heartbeat (``healthy``): ``SELECT
@@ -70,7 +73,11 @@ def supported() -> bool:
 
 
 def _connect_params() -> dict[str, Any]:
-    params = dict(connections["default"].get_connection_params())
+    """The default database's connection parameters, at ``DATABASE_LIVENESS_URL`` when it is set."""
+    default = connections["default"]
+    direct = getattr(settings, "DATABASE_LIVENESS", None)
+    source = default if not direct else type(default)({**default.settings_dict, **direct}, "liveness")
+    params = dict(source.get_connection_params())
     for django_only in ("cursor_factory", "context", "prepare_threshold"):
         params.pop(django_only, None)
     return {**params, **_KEEPALIVE, "autocommit": True, "application_name": APPLICATION_NAME}

@@ -322,24 +322,36 @@ def _child_ended_event(child: Task) -> ExternalEvent:
     )
 
 
+def _end_answers(task: Task, now: datetime) -> hotpath.CancelAnswers:
+    """How a task's end answers its open cancel requests: a confirmed cancel applied its own, the
+    rest found nothing left to stop."""
+    other = (CancelRequest.Status.NO_EFFECT, f"the task ended {task.state} first")
+    own = (CancelRequest.Status.APPLIED, "the task was canceled") if task.state == State.CANCELED else other
+    return hotpath.CancelAnswers(*own, *other, resolved_at=now)
+
+
 def _close_cancel_requests(task: Task, now: datetime, *, ended: bool) -> None:
     """Answer the open cancel requests a move settles (one UPDATE).
 
-    A task's end answers them all: a confirmed cancel applied its own, the rest found nothing
-    left to stop. A task that leaves ``cancel_requested`` otherwise (quarantined, say) ends its
-    ``task`` request: that cancel did not happen, and a later one is a request of its own.
+    A task's end answers them all (``_end_answers``; usually folded into the end's own
+    compare-and-set instead, ``_advance``). A task that leaves ``cancel_requested`` otherwise
+    (quarantined, say) ends its ``task`` request: that cancel did not happen, and a later one is
+    a request of its own.
     """
-    status: Value | Case = Value(CancelRequest.Status.NO_EFFECT)
-    resolution: Value | Case = Value(f"the task ended {task.state} first")
     requests = CancelRequest.objects.filter(task_id=task.id, status=CancelRequest.Status.PENDING)
     if not ended:
-        requests = requests.filter(scope=CancelScope.TASK)
-        resolution = Value(f"the task left cancel_requested for {task.state} before the cancel completed")
-    elif task.state == State.CANCELED:
-        own = Q(scope=CancelScope.TASK)
-        status = Case(When(own, then=Value(CancelRequest.Status.APPLIED)), default=status)
-        resolution = Case(When(own, then=Value("the task was canceled")), default=resolution)
-    requests.update(status=status, resolution=resolution, resolved_at=now)
+        requests.filter(scope=CancelScope.TASK).update(
+            status=CancelRequest.Status.NO_EFFECT,
+            resolution=f"the task left cancel_requested for {task.state} before the cancel completed",
+            resolved_at=now,
+        )
+        return
+    said, own = _end_answers(task, now), Q(scope=CancelScope.TASK)
+    requests.update(
+        status=Case(When(own, then=Value(said.own_status)), default=Value(said.other_status)),
+        resolution=Case(When(own, then=Value(said.own_resolution)), default=Value(said.other_resolution)),
+        resolved_at=now,
+    )
 
 
 def _stale_epoch(
@@ -408,6 +420,7 @@ class Advanced:
 
     task: Task
     checkpoint: Checkpoint | None
+    released: bool = False  # the lease was given up in the same statement (``release=True``)
 
 
 def advance_read(task: Task, to_state: State | str, **options: Any) -> Advanced:
@@ -420,6 +433,10 @@ def advance_read(task: Task, to_state: State | str, **options: Any) -> Advanced:
     checkpoint it wrote, so it resumes the next step without reading it back.
     ``task`` must be as read: it becomes the new version (and is useless after
     a refusal).
+
+    ``release=True`` (with ``lease``): a worker that stops once this commits gives its lease up
+    in the compare-and-set's own statement on PostgreSQL, not in one more round trip
+    (``Advanced.released`` says whether it did; if not, the caller releases as usual).
     """
     return _advance(task.id, task.state_version, to_state, current=task, **options)
 
@@ -499,6 +516,7 @@ def _advance(
     lease: Held | None = None,
     records: Iterable[models.Model] = (),
     also: Iterable[Callable[[], None]] = (),
+    release: bool = False,
     **changes: Any,
 ) -> Advanced:
     unknown = set(changes) - CHANGEABLE
@@ -572,9 +590,16 @@ def _advance(
             # between check and write.
             fence = (lease.token, lease.worker_id) if lease is not None else None
             written = WRITTEN if changes.keys() & OWNERSHIP else ROUTINE_WRITTEN
+            ended = to_state in TERMINAL and from_state not in TERMINAL
+            records, also = tuple(records), tuple(also)
+            folds = hotpath.folds()
+            # An end answers the open cancel requests in its own statement, unless the caller's writes
+            # (run after the compare-and-set) answer some of them themselves, or add one.
+            close = _end_answers(task, now) if ended and folds and not (also or records) else None
+            released = release and fence is not None and folds
             updated = hotpath.compare_and_set(
                 task, expected_version=expected_version, from_state=from_state, fields=written, lease=fence,
-                epoch=epoch,
+                epoch=epoch, close=close, release=released,
             )  # fmt: skip
             if not updated:
                 found = (
@@ -593,8 +618,8 @@ def _advance(
             audit_paths.ring_after(task, edge.trigger, rows)  # an anchor soon after a consequential commit
             for write in also:
                 write()
-            ended = to_state in TERMINAL and from_state not in TERMINAL
-            if ended or (from_state == State.CANCEL_REQUESTED and to_state != from_state):
+            left_cancel = from_state == State.CANCEL_REQUESTED and to_state != from_state
+            if close is None and (ended or left_cancel):
                 # After ``also``: a request the decision itself answered is answered as it says.
                 _close_cancel_requests(task, now, ended=ended)
             if ended and task.parent_id is not None:  # the parent's record of how its child ended
@@ -614,4 +639,4 @@ def _advance(
     metrics.transitioned(edge.trigger, task.task_type, left=entered_before, at=task.updated_at)  # committed
     if ended:  # committed: its parent may move on, its running children are canceled (tasks.hooks)
         hooks.after_task_ended.run(task)
-    return Advanced(task, checkpoint)
+    return Advanced(task, checkpoint, released)

@@ -14,12 +14,14 @@ import dataclasses
 from datetime import datetime, timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audit.models import TransitionEvent
 from runtime import sweep
 from tasks import leases, registry
-from tasks.models import Task
+from tasks.models import Lease, Task
 from tasks.states import ActorKind, State, Trigger
 from tasks.transitions import Actor, advance
 from tests.conftest import make_task
@@ -132,8 +134,9 @@ def test_a_quarantined_task_past_its_deadline_waits_for_an_operator_instead_of_e
     assert report.expired == 0
 
 
-def test_only_runnable_tasks_without_a_live_lease_ring_again(acme):
-    unleased = make_task(acme, region="eu")
+def test_only_runnable_tasks_of_its_region_without_a_live_lease_ring_again(acme):
+    unleased = make_task(acme)
+    make_task(acme, region="eu")  # eu's own sweep rings for it
     leased = make_task(acme)
     assert leases.claim(leased.id, worker_id="busy", region="default") is not None
     lapsed = make_task(acme)
@@ -144,33 +147,40 @@ def test_only_runnable_tasks_without_a_live_lease_ring_again(acme):
 
     doorbell = Doorbell()
     report = sweep.sweep(doorbell)
-    assert sorted(doorbell) == sorted([(unleased.id, "eu"), (lapsed.id, "default")])
+    assert sorted(doorbell) == sorted([(unleased.id, "default"), (lapsed.id, "default")])
     assert report.rung == 2
 
 
-def test_a_task_moved_by_someone_else_meanwhile_is_skipped_and_the_others_still_move(acme, monkeypatch):
-    moved, other = waiting_for_input(acme), waiting_for_input(acme)
-    real_advance = sweep.advance
+def test_the_region_is_the_sweeps_own_for_the_doorbell_too(acme):
+    mine, theirs = make_task(acme, region="eu"), make_task(acme)
+    doorbell = Doorbell()
+    report = sweep.sweep(doorbell, region="eu")
+    assert (doorbell, report.rung) == ([(mine.id, "eu")], 1)
+    assert theirs.id not in {task_id for task_id, _ in doorbell}
 
-    def operator_escalates_first(task_id, expected_version, to_state, **kwargs):
-        if task_id == moved.id:  # an operator commits between the sweep's read and its write
-            real_advance(
-                task_id,
-                expected_version,
-                State.WAITING_INPUT,
-                actor=OPERATOR,
-                trigger=Trigger.ESCALATE,
-                escalation_level=1,
-            )
-        return real_advance(task_id, expected_version, to_state, **kwargs)
 
-    monkeypatch.setattr(sweep, "advance", operator_escalates_first)
-    report = sweep.sweep(Doorbell(), now=past(other) + timedelta(seconds=1))
-    moved, other = Task.objects.get(pk=moved.pk), Task.objects.get(pk=other.pk)
-    assert (moved.state, moved.escalation_level, last_event(moved).trigger) == (
-        State.WAITING_INPUT,
-        1,
-        Trigger.ESCALATE,
-    )
-    assert other.state == State.EXPIRED
-    assert report.expired == 1
+def test_without_a_doorbell_the_eligible_tasks_are_not_even_read(acme):
+    """A polling worker's sweep (``run_worker --sweep``) passes no ring: nothing would hear it."""
+    make_task(acme)
+    with CaptureQueriesContext(connection) as with_ring:
+        sweep.sweep(Doorbell())
+    with CaptureQueriesContext(connection) as without:
+        report = sweep.sweep(None)
+    assert report.rung == 0
+    lease_table = Lease._meta.db_table
+    assert [q for q in with_ring.captured_queries if lease_table in q["sql"]]  # the eligible-task query
+    assert not [q for q in without.captured_queries if lease_table in q["sql"]]
+    assert len(without.captured_queries) == len(with_ring.captured_queries) - 1
+
+
+def test_the_eligible_task_query_can_walk_the_claims_index(acme):
+    """Region first, then age: the ``task_runnable`` partial index, not a scan of every runnable task."""
+    make_task(acme)
+    with CaptureQueriesContext(connection) as captured:
+        sweep.ring_for_eligible(timezone.now(), Doorbell(), sweep.SweepReport(), "default")
+    (query,) = captured.captured_queries
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # a handful of rows would be scanned anyway
+        cursor.execute(f"EXPLAIN {query['sql']}")
+        plan = "\n".join(line for (line,) in cursor.fetchall())
+    assert "task_runnable" in plan, plan

@@ -106,8 +106,9 @@ class Command(BaseCommand):
                 pushes.send_due()
                 pushes_due = time.monotonic() + settings.A2A_PUSH_INTERVAL
             if with_sweep:
-                # This loop polls: no doorbell needed. Only this worker's region: never another's tasks.
-                sweep.sweep(lambda task_id, task_region: None, region=region)
+                # This loop polls: no doorbell (ring=None skips the sweep's eligible-task query). Only this
+                # worker's region: never another's tasks.
+                sweep.sweep(None, region=region)
                 reconcile.reconcile_unknown(region=region)
                 approvals.expire_pending()
                 if time.monotonic() >= alerts_due:  # beat's pace, not every round's
