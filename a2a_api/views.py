@@ -25,6 +25,7 @@ from rest_framework.exceptions import Throttled
 from a2a_api import methods, push_methods, stream  # noqa: F401  (register the methods: rpc.METHODS is whole from here)
 from a2a_api.card import PROTOCOL_VERSION, agent_card
 from a2a_api.rpc import METHODS, Call, Code, RpcError
+from config import outage
 from config.throttling import WrongTokenThrottle
 from tasks import values
 from tenancy.models import Scope
@@ -183,7 +184,10 @@ def rpc_view(request: HttpRequest) -> HttpResponseBase:
         return _answer(refused.request_id, error=refused.error)
     except RpcError as error:
         return _answer(request_id, error=error)
-    except Exception:
+    except Exception as exc:
+        reason = outage.outage_reason(exc)
+        if reason:  # a failover or restart: try again shortly (503, Retry-After), nothing was half written
+            return outage.unavailable(request, reason, rpc_id=request_id)
         logger.exception("A2A request failed", extra={"rpc_id": str(request_id)})
         return _answer(request_id, error=RpcError(Code.INTERNAL_ERROR, "Internal error (logged)."))
     if isinstance(outcome, HttpResponseBase):  # a stream (StreamingHttpResponse)

@@ -49,6 +49,8 @@ REFUSING = {
 CONNECTION_LOST = "connection_lost"
 RETRY_AFTER = 5  # seconds: a pg_auto_failover or Patroni promotion takes a few to a few tens
 CODE = "database_unavailable"
+DETAIL = "The database is unavailable (a failover or restart); try again shortly."
+A2A_PATH = "/a2a/"
 
 
 def sqlstate(error: BaseException) -> str | None:
@@ -75,25 +77,40 @@ def outage_reason(error: BaseException) -> str | None:
     return None
 
 
-def _close_connections() -> None:
+def close_connections() -> None:
     for conn in connections.all(initialized_only=True):
         with contextlib.suppress(DatabaseError):  # closing a dead socket may complain
             conn.close()
 
 
-def unavailable(request: HttpRequest, reason: str) -> HttpResponse:
-    """The 503: JSON for API and machine callers, a short page for a browser."""
-    _close_connections()
+def jsonrpc_error(reason: str) -> dict[str, object]:
+    """The JSON-RPC error object an A2A caller gets: internal error (-32603) with one
+    ``google.rpc.ErrorInfo`` whose metadata says the database is unavailable and why (the shape of
+    ``a2a_api.rpc.RpcError.as_error``, which a test holds this to)."""
+    info = {
+        "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+        "reason": "INTERNAL_ERROR",
+        "domain": "a2a-protocol.org",
+        "metadata": {"code": CODE, "reason": reason},
+    }
+    return {"code": -32603, "message": DETAIL, "data": [info]}
+
+
+def unavailable(request: HttpRequest, reason: str, *, rpc_id: object = None) -> HttpResponse:
+    """The 503: a JSON-RPC error on the A2A endpoint (``rpc_id`` is the request's id when known), JSON
+    for API and machine callers, a short page for a browser."""
+    close_connections()
     log.warning("database unavailable during %s %s (%s): answered 503", request.method, request.path, reason)
-    detail = "The database is unavailable (a failover or restart); try again shortly."
     response: HttpResponse
-    if "text/html" in request.headers.get("Accept", "") and not request.path.startswith("/api/"):
+    if request.path.startswith(A2A_PATH):
+        response = JsonResponse({"jsonrpc": "2.0", "id": rpc_id, "error": jsonrpc_error(reason)}, status=503)
+    elif "text/html" in request.headers.get("Accept", "") and not request.path.startswith("/api/"):
         response = HttpResponse(
-            f"<!doctype html><title>Unavailable</title><h1>Service unavailable</h1><p>{detail}</p>",
+            f"<!doctype html><title>Unavailable</title><h1>Service unavailable</h1><p>{DETAIL}</p>",
             status=503,
         )
     else:
-        response = JsonResponse({"detail": detail, "code": CODE, "reason": reason}, status=503)
+        response = JsonResponse({"detail": DETAIL, "code": CODE, "reason": reason}, status=503)
     response["Retry-After"] = str(RETRY_AFTER)
     response["Cache-Control"] = "no-store"
     return response
