@@ -89,6 +89,7 @@ from urllib.parse import urlsplit, urlunsplit
 from uuid import UUID
 
 import httpx
+import migrated_template  # scripts/, beside this file
 import psycopg
 from psycopg import sql
 
@@ -338,11 +339,12 @@ def with_dbname(url: str, dbname: str) -> str:
 
 
 def recreate_database(server_url: str, dbname: str, *, create: bool) -> None:
-    """Drop ``dbname`` on the server (even with sessions left), and create it afresh if ``create``."""
+    """Drop ``dbname`` on the server (even with sessions left), and create it afresh if ``create``: a copy
+    of the migrated template (``migrated_template``), which the soak's ``migrate`` then finds current."""
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
-        if create:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    if create:
+        migrated_template.create(server_url, dbname)
 
 
 def child_env(url: str, sandbox: str) -> dict[str, str]:

@@ -28,6 +28,20 @@ celery_app.conf.broker_url = "memory://"
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
+    """Each test database is a copy of the migrated template (``scripts/migrated_template.py``), which
+    the soaks and benchmarks this suite starts copy too: the migrations run once per run, not per copy
+    (Django's ``migrate`` on the copy then finds nothing to apply)."""
+    from django.conf import settings
+
+    url = os.environ.get("DATABASE_URL", "")
+    if url.startswith("postgres"):
+        from scripts import migrated_template
+
+        settings.DATABASES["default"].setdefault("TEST", {})["TEMPLATE"] = migrated_template.ensure(url)
+
+
 # Tests that start real processes or a browser: seconds to minutes each, against milliseconds for the rest.
 HEAVY_DIRS = {"bench", "chaos", "lifecycle", "packaging", "regions", "upgrades"}
 

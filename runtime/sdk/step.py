@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import CharField, Value
+from django.db.models import CharField, QuerySet, Value
 from django.db.models.functions import JSONObject
 
 from approvals import services as approvals
@@ -57,7 +57,7 @@ from approvals.models import ApprovalStatus
 from audit import sealing
 from audit.redaction import redact
 from ledger.models import SETTLED_FAILED, SETTLED_OK, Action
-from runtime import alerts, db, evidence, llm, usage
+from runtime import alerts, compiled, db, evidence, llm, usage
 from runtime.models import AgentTurn, AlertKind
 from runtime.sdk import replay, session, snapshots, toolsets
 from tasks import registry, values
@@ -235,18 +235,9 @@ class _Settled:
 def _records(task: Task, step: registry.AgentRun) -> tuple[dict[int, dict[str, Any]], dict[str, _Settled]]:
     """The run's turns, opened, by number, and the ledger's newest action of each of the task's
     calls (``registry.CALL_MARK`` steps), by step: one round trip where it took two."""
-    turns = AgentTurn.objects.filter(task=task, step=step.name).values_list(
-        Value(_TURN_ROW, output_field=CharField()), "turn", "agent", "response"
-    )
-    calls = Action.objects.filter(task=task, step__contains=registry.CALL_MARK).values_list(
-        Value(_ACTION_ROW, output_field=CharField()),
-        "id",
-        "step",
-        JSONObject(state="dispatch_state", ref="external_ref", error="last_error"),
-    )
     opened: dict[int, dict[str, Any]] = {}
     newest: dict[str, tuple[int, _Settled]] = {}
-    for kind, number, name, value in turns.union(calls, all=True):
+    for kind, number, name, value in compiled.rows("sdk_records", _records_query, task.pk, step.name):
         if kind == _TURN_ROW:
             opened[number] = {**_opened(task.id, step.name, number, value), "agent": name}
         elif isinstance(value, dict) and number > newest.get(name, (-1, None))[0]:  # the newest wins
@@ -255,6 +246,20 @@ def _records(task: Task, step: registry.AgentRun) -> tuple[dict[int, dict[str, A
 
 
 _TURN_ROW, _ACTION_ROW = "turn", "action"
+
+
+def _records_query(task_id: Any, step_name: str) -> QuerySet[Any]:
+    """``_records``' one read: the step's turns, then the task's call actions (compiled once)."""
+    turns = AgentTurn.objects.filter(task_id=task_id, step=step_name).values_list(
+        Value(_TURN_ROW, output_field=CharField()), "turn", "agent", "response"
+    )
+    calls = Action.objects.filter(task_id=task_id, step__contains=registry.CALL_MARK).values_list(
+        Value(_ACTION_ROW, output_field=CharField()),
+        "id",
+        "step",
+        JSONObject(state="dispatch_state", ref="external_ref", error="last_error"),
+    )
+    return turns.union(calls, all=True)
 
 
 def _opened(task_id: Any, step: str, turn: int, response: Any) -> dict[str, Any]:
