@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.cache import cache
@@ -102,10 +103,14 @@ def configured() -> bool:
     return REPLICA in settings.DATABASES
 
 
-def replica_settings(primary: dict[str, Any], replica: dict[str, Any], pooler: str) -> dict[str, Any]:
-    """The ``replica`` alias of ``DATABASES``: ``replica`` (parsed from ``DATABASE_REPLICA_URL``) with
-    the primary's per-connection settings, a short connect timeout, its sessions read-only, and no
-    database of its own in tests (a mirror of ``default``)."""
+def replica_settings(
+    primary: dict[str, Any], replica: dict[str, Any], pooler: str, url: str = ""
+) -> dict[str, Any]:
+    """The ``replica`` alias of ``DATABASES``: ``replica`` (parsed from ``DATABASE_REPLICA_URL``,
+    ``url``) with the primary's per-connection settings, a short connect timeout, its sessions
+    read-only, and no database of its own in tests (a mirror of ``default``). Several standbys in
+    ``url``: libpq prefers one that is a standby (``target_session_attrs=prefer-standby``) unless
+    the URL says otherwise."""
     if replica.get("ENGINE") != "django.db.backends.postgresql" or primary.get("ENGINE") != replica["ENGINE"]:
         raise ImproperlyConfigured(
             "DATABASE_REPLICA_URL: the primary (DATABASE_URL) and the replica must both be PostgreSQL "
@@ -117,6 +122,8 @@ def replica_settings(primary: dict[str, Any], replica: dict[str, Any], pooler: s
             config.setdefault(field, primary[field])
     options = config.setdefault("OPTIONS", {})
     options.setdefault("connect_timeout", CONNECT_TIMEOUT)
+    if "," in str(config.get("HOST", "")) and "target_session_attrs" not in urlsplit(url).query:
+        options["target_session_attrs"] = "prefer-standby"  # not the writer's read-write default
     if pooler == "none":  # a transaction pooler refuses startup options
         options.setdefault("options", "-c default_transaction_read_only=on")
     config["TEST"] = {"MIRROR": DEFAULT_DB_ALIAS}  # tests never create or migrate a replica database

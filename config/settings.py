@@ -158,7 +158,10 @@ if DATABASE_REPLICA_MAX_LAG < 0:
     raise ImproperlyConfigured("DATABASE_REPLICA_MAX_LAG must be 0 or more seconds")
 if DATABASE_REPLICA_URL:
     DATABASES["replica"] = db_router.replica_settings(
-        DATABASES["default"], dsn.database_settings(env, DATABASE_REPLICA_URL), DATABASE_POOLER
+        DATABASES["default"],
+        dsn.database_settings(env, DATABASE_REPLICA_URL),
+        DATABASE_POOLER,
+        DATABASE_REPLICA_URL,
     )
     dsn.pooled(DATABASES["replica"], DATABASE_POOLER)
     DATABASE_ROUTERS = ["config.db_router.ReplicaRouter"]

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import environ
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.models import Session
@@ -28,7 +29,7 @@ from django.test import override_settings
 from approvals.models import ApprovalRequest
 from approvals.services import approval_decide
 from audit.models import TransitionEvent
-from config import db_router
+from config import db_router, dsn
 from config.db_router import ReplicaRouter, ReplicaState, choose, lsn, lsn_text
 from tasks import leases
 from tasks.models import Task
@@ -136,6 +137,22 @@ def test_the_replica_alias_keeps_the_primarys_connection_settings_and_never_gets
     assert pooled["OPTIONS"] == {"connect_timeout": 9}  # PgBouncer refuses startup options
     with pytest.raises(ImproperlyConfigured):
         db_router.replica_settings({"ENGINE": "django.db.backends.sqlite3"}, replica, "none")
+
+
+def test_several_standbys_prefer_a_standby_unless_the_url_says_otherwise():
+    env = environ.Env()
+    url = "postgres://app@standby1:5432,standby2:5433/app"
+    primary = dsn.database_settings(env, "postgres://app@db1/app")
+    several = db_router.replica_settings(primary, dsn.database_settings(env, url), "none", url)
+    assert (several["HOST"], several["PORT"]) == ("standby1,standby2", "5432,5433")
+    assert several["OPTIONS"]["target_session_attrs"] == "prefer-standby"
+    said = f"{url}?target_session_attrs=standby"
+    assert (
+        db_router.replica_settings(primary, dsn.database_settings(env, said), "none", said)["OPTIONS"][
+            "target_session_attrs"
+        ]
+        == "standby"
+    )
 
 
 # --- the router ----------------------------------------------------------------------------------
