@@ -23,7 +23,10 @@ from config.db_router import REPLICA, ReplicaState, lsn
 from tests.chaos.standby import free_port
 from tests.conftest import make_task
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.filterwarnings("ignore:Overriding setting DATABASES"),  # the alias added below
+]
 
 
 @pytest.fixture
