@@ -18,7 +18,7 @@ import environ
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from config import dsn, external
+from config import db_router, dsn, external
 
 env = environ.Env()
 
@@ -102,6 +102,10 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     # Every HTML page shows invisible and bidi characters as ⟨U+202E⟩ (console/middleware.py).
     "console.middleware.ShowInvisibleCharacters",
+    # With DATABASE_REPLICA_URL: the read-only pages may read the replica; after a write, the caller's next
+    # pages wait for it to replay that write or read the primary (config/db_router.py). After the session
+    # and authentication middleware: it keeps the caller's position in their session.
+    "config.db_router.ReplicaReadsMiddleware",
     # Last: turns a lockout flagged during authentication into the lockout page (AXES_LOCKOUT_TEMPLATE).
     "axes.middleware.AxesMiddleware",
 ]
@@ -144,6 +148,23 @@ dsn.pooled(DATABASES["default"], DATABASE_POOLER)
 # A direct PostgreSQL URL, never through a transaction pooler, for the workers' liveness locks alone
 # (tasks/liveness.py): a session-level lock must live on a session of its own. Empty: DATABASE_URL.
 DATABASE_LIVENESS = dsn.liveness_settings(env, env.str("DATABASE_LIVENESS_URL", default=""))
+# A streaming standby of the primary for the read-only pages of the console and the API (config/db_router.py):
+# they read it while it has replayed the caller's last write and lags at most DATABASE_REPLICA_MAX_LAG
+# seconds, else the primary. Empty: everything reads the primary. Workers, transitions and decisions never
+# read it; migrations never run on it.
+DATABASE_REPLICA_URL = env.str("DATABASE_REPLICA_URL", default="")
+DATABASE_REPLICA_MAX_LAG = env.float("DATABASE_REPLICA_MAX_LAG", default=5.0)
+if DATABASE_REPLICA_MAX_LAG < 0:
+    raise ImproperlyConfigured("DATABASE_REPLICA_MAX_LAG must be 0 or more seconds")
+if DATABASE_REPLICA_URL:
+    DATABASES["replica"] = db_router.replica_settings(
+        DATABASES["default"],
+        dsn.database_settings(env, DATABASE_REPLICA_URL),
+        DATABASE_POOLER,
+        DATABASE_REPLICA_URL,
+    )
+    dsn.pooled(DATABASES["replica"], DATABASE_POOLER)
+    DATABASE_ROUTERS = ["config.db_router.ReplicaRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTHENTICATION_BACKENDS = [
