@@ -10,6 +10,7 @@ from tasks import services
 from tasks.models import Task
 from tasks.states import State
 from tests.api.test_fork import ended
+from tests.console.test_accessibility_browser import blocking
 from tests.console.test_browser import log_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -23,6 +24,7 @@ def test_an_operator_resumes_a_failed_task_from_version_two_with_a_corrected_amo
     page.goto(f"{live_server.url}/console/tasks/{old.id}/?checkpoint=2#checkpoint")
     card = page.locator("section.checkpoint")
     expect(card.get_by_role("heading", name="Resume from this version")).to_be_visible()
+    assert blocking(page) == []  # the control passes axe, like every console page
 
     # The server refuses it unconfirmed: nothing started, the reason kept.
     card.get_by_label("Input amount").fill("8.00")
