@@ -5,6 +5,7 @@ from django.urls import path
 from api.views.access import AccessEventListApi
 from api.views.alerts import AlertAcknowledgeApi, AlertListApi, AlertSnoozeApi
 from api.views.approvals import ApprovalDecideApi, ApprovalDetailApi, ApprovalListApi
+from api.views.forks import TaskForkApi
 from api.views.legal_hold import TaskLegalHoldApi
 from api.views.reveal import TaskRevealApi
 from api.views.task_types import TaskTypeDetailApi, TaskTypeListApi
@@ -31,6 +32,7 @@ urlpatterns = (
         path("tasks/<uuid:task_id>/actions/", TaskActionsApi.as_view(), name="api-task-actions"),
         path("tasks/<uuid:task_id>/input/", TaskInputApi.as_view(), name="api-task-input"),
         path("tasks/<uuid:task_id>/rerun/", TaskRerunApi.as_view(), name="api-task-rerun"),
+        path("tasks/<uuid:task_id>/fork/", TaskForkApi.as_view(), name="api-task-fork"),
         path("tasks/<uuid:task_id>/compensate/", TaskCompensateApi.as_view(), name="api-task-compensate"),
         path("tasks/<uuid:task_id>/reveal/", TaskRevealApi.as_view(), name="api-task-reveal"),
         path("tasks/<uuid:task_id>/legal-hold/", TaskLegalHoldApi.as_view(), name="api-task-legal-hold"),

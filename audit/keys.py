@@ -94,7 +94,7 @@ def _configured_chain_keys() -> tuple[ChainKey, ...]:
     if not text:
         raise ImproperlyConfigured(
             "AUDIT_HMAC_KEYS is not set: the audit chain needs a key from the environment "
-            "('id:secret', secret of 32+ characters; see README, 'Tamper evidence')"
+            "('id:secret', secret of 32+ characters; see docs/operating/tamper-evidence.md)"
         )
     return parse_chain_keys(text)
 
@@ -159,7 +159,7 @@ def anchor_signing_key() -> Ed25519PrivateKey:
 
 def held_signing_key() -> Ed25519PrivateKey | None:
     """The anchor signing key if this process holds one (the ``audit`` worker, a single-host or demo
-    deployment), else None: web hosts normally hold only the public keys (README, "Running workers")."""
+    deployment), else None: web hosts normally hold only the public keys (docs/operating/workers.md)."""
     try:
         return anchor_signing_key()
     except ImproperlyConfigured:

@@ -14,8 +14,7 @@ transition asks for an anchor soon) and its record of the anchors it wrote
 (what the console's integrity badge shows); operational rows, not evidence.
 
 On PostgreSQL, triggers (migration 0009) refuse UPDATE, DELETE and TRUNCATE on
-all three; only the owner role's retention path may delete (README, "Database
-roles").
+all three; only the owner role's retention path may delete (docs/operating/tamper-evidence.md#database-roles).
 """
 
 from __future__ import annotations

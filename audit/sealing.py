@@ -196,7 +196,7 @@ def check_configuration(needed_by: Collection[str]) -> None:
     elif needed_by and not dev_keys_allowed():
         raise ImproperlyConfigured(
             f"FIELD_ENCRYPTION_KEYS is not set, and task types {', '.join(sorted(needed_by))} mark fields "
-            "sensitive: set it to 'id:key' (see README, 'Field encryption')"
+            "sensitive: set it to 'id:key' (see docs/operating/field-encryption.md)"
         )
 
 

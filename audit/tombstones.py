@@ -1,6 +1,6 @@
 """Tombstones: the signed record a deleted task leaves behind (``audit.models.Tombstone``).
 
-Retention (the owner role's path, README "Database roles") writes one per task
+Retention (the owner role's path, docs/operating/tamper-evidence.md#database-roles) writes one per task
 it deletes, in the same transaction, with ``make_tombstone``. An anchor lists
 tombstones, and ``verify_audit --against`` accepts a task missing from the
 database only when a tombstone accounts for it: signed with a trusted anchor

@@ -1,4 +1,4 @@
-"""Settings, read from the environment (see README, "Configuration").
+"""Settings, read from the environment (see docs/operating/settings.md).
 
 With nothing set, the project runs on an embedded SQLite file under ``var/``
 (``VAR_DIR``) for the demo. ``DATABASE_URL`` points it at PostgreSQL, which every
@@ -27,7 +27,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 # beat schedule): beside the code in a checkout; an installed copy points it outside site-packages.
 VAR_DIR = Path(env.str("VAR_DIR", default=str(BASE_DIR / "var")))
 
-# Safe by default (README, "Configuration"): with no environment this is production — DEBUG off,
+# Safe by default (docs/operating/settings.md): with no environment this is production — DEBUG off,
 # and no start without a SECRET_KEY. Development says so explicitly (DEBUG=1; `make demo` does).
 DEBUG = env.bool("DEBUG", default=False)
 SECRET_KEY = env.str("SECRET_KEY", default="")
@@ -283,7 +283,7 @@ AGENT_SESSION_ITEM_MAX_BYTES = env.int("AGENT_SESSION_ITEM_MAX_BYTES", default=6
 FIELD_ENCRYPTION_KEYS = env.str("FIELD_ENCRYPTION_KEYS", default="")
 # External events one task keeps at most; a new key beyond this is a 409 (repeats still answer).
 EXTERNAL_EVENTS_MAX_PER_TASK = env.int("EXTERNAL_EVENTS_MAX_PER_TASK", default=1000)
-# Tamper evidence (audit/keys.py, audit/anchor.py; README, "Tamper evidence"). Never in the database.
+# Tamper evidence (audit/keys.py, audit/anchor.py; docs/operating/tamper-evidence.md). Never in the database.
 # AUDIT_HMAC_KEYS: "id:secret,id2:secret2", the first keys new audit events, every one verifies.
 # AUDIT_ANCHOR_KEY: base64 Ed25519 seed signing anchors; AUDIT_ANCHOR_PUBLIC_KEYS: more keys whose
 # anchors verify. Unset: public development keys with DEBUG on or under the tests only.
@@ -293,7 +293,7 @@ AUDIT_ANCHOR_PUBLIC_KEYS = env.list("AUDIT_ANCHOR_PUBLIC_KEYS", default=[])
 # AUDIT_EXPORT_KEY: base64 Ed25519 seed signing history exports on hosts that do not hold the anchor key
 # (the web tier in production). Unset: exports are signed with the anchor key where the host holds it.
 AUDIT_EXPORT_KEY = env.str("AUDIT_EXPORT_KEY", default="")
-# No start without them outside development, like SECRET_KEY (README, "Production"): every transition
+# No start without them outside development, like SECRET_KEY (docs/operating/production.md): every transition
 # is chained under AUDIT_HMAC_KEYS, every anchor signed (or, on a host that only verifies, checked) with
 # the anchor keys. Their format is checked at start-up by audit.apps.
 _missing_audit_keys = [
@@ -307,16 +307,17 @@ _missing_audit_keys = [
 if _missing_audit_keys and not DEBUG:
     raise ImproperlyConfigured(
         f"{' and '.join(_missing_audit_keys)} not set: production keeps tamper evidence under its own keys "
-        "(README, 'Tamper evidence'; `DEBUG=1 python manage.py audit_anchor --generate-key` prints an anchor "
-        "key pair). For a development run set DEBUG=1, which allows public development keys."
+        "(docs/operating/tamper-evidence.md; `DEBUG=1 python manage.py audit_anchor --generate-key` prints "
+        "an anchor key pair). For a development run set DEBUG=1, which allows public development keys."
     )
 AUDIT_ANCHOR_DIR = Path(env.str("AUDIT_ANCHOR_DIR", default=str(VAR_DIR / "anchors")))
 # The longest an event goes unanchored (seconds): an anchor is written once the newest is this old,
 # and within a minute of a consequential transition (audit.anchor.anchor_if_due).
 AUDIT_ANCHOR_INTERVAL = env.float("AUDIT_ANCHOR_INTERVAL", default=900.0)
-# Retention (protection/retention.py; README, "Retention"): days after a task ended until its sealed values
-# are erased (archive) and until it is deleted with a tombstone, where no RetentionPolicy of its tenant
-# says otherwise; 0: never. Deleting needs the database owner role (README, "Database roles").
+# Retention (protection/retention.py; docs/operating/retention.md): days after a task ended until its
+# sealed values are erased (archive) and until it is deleted with a tombstone, where no RetentionPolicy of
+# its tenant says otherwise; 0: never. Deleting needs the database owner role
+# (docs/operating/tamper-evidence.md#database-roles).
 RETENTION_ARCHIVE_AFTER_DAYS = env.int("RETENTION_ARCHIVE_AFTER_DAYS", default=30)
 RETENTION_DELETE_AFTER_DAYS = env.int("RETENTION_DELETE_AFTER_DAYS", default=365)
 # Identifies the code that is running; checkpoints record it, and a task resumed
@@ -432,7 +433,7 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_DEFAULT_QUEUE = f"region.{WORKER_REGION}"
 # The anchor job signs with AUDIT_ANCHOR_KEY, which must not sit with the chain key in every web and
 # region worker (whoever read both could sign a tombstone for a task deleted by hand, audit.tombstones):
-# its own queue, consumed by one worker on the host that holds the key (README, "Running workers").
+# its own queue, consumed by one worker on the host that holds the key (docs/operating/workers.md).
 AUDIT_QUEUE = "audit"
 CELERY_TASK_ROUTES = {name: {"queue": AUDIT_QUEUE} for name in ("audit.anchor", "audit.anchor_if_due")}
 # One message per pool process at a time: doorbells a worker cannot start yet stay in the broker,
@@ -447,7 +448,7 @@ CELERY_BEAT_SCHEDULE = {
         "task": "ledger.reconcile_unknown",
         "schedule": env.float("RECONCILE_INTERVAL", default=10.0),
     },
-    # Signed chain heads written outside the database (audit.anchor; README, "Tamper evidence").
+    # Signed chain heads written outside the database (audit.anchor; docs/operating/tamper-evidence.md).
     # Polled every minute: writes one when AUDIT_ANCHOR_INTERVAL has passed or a doorbell rang.
     "audit-anchor": {"task": "audit.anchor_if_due", "schedule": 60.0},
     # Raise and clear alerts for tasks with no valid next event coming (runtime/alerts.py).
@@ -535,7 +536,7 @@ MODEL_PRICES = _model_prices(
 # bigger one is refused (the task is quarantined with the reason), never truncated.
 AGENT_SNAPSHOT_MAX_BYTES = env.int("AGENT_SNAPSHOT_MAX_BYTES", default=512 * 1024)
 
-# HTTPS and the browser's protections (README, "Production"): `manage.py check --deploy` is clean with
+# HTTPS and the browser's protections (docs/operating/production.md): `manage.py check --deploy` is clean with
 # DEBUG off, a random SECRET_KEY of 50+ characters and ALLOWED_HOSTS set.
 # X-Forwarded-Proto is whatever the client wrote unless a proxy in front replaces it: trusted only when
 # the deployment says it has such a proxy. Behind a TLS-terminating proxy without it, the SSL redirect

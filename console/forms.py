@@ -150,6 +150,48 @@ class RerunForm(ConsoleForm):
         return _problem(self)
 
 
+class ForkForm(ConsoleForm):
+    """Resume an ended task from one checkpoint version as a new task (``tasks.forks``).
+
+    Built with ``editable=`` (the input fields the task type lets a fork change, each with the value
+    it had): one ``input_<name>`` field per field, blank or unchanged meaning as it was.
+    """
+
+    INPUT = "input_"
+
+    version = forms.IntegerField(min_value=1, max_value=2**31 - 1, widget=forms.HiddenInput)
+    reason = forms.CharField(
+        max_length=2000,
+        label="Reason to resume from this version",
+        widget=forms.TextInput(attrs={"placeholder": "Reason (required)"}),
+    )
+    # It starts a new task that asks every approval again: the server refuses it unticked.
+    confirm = forms.BooleanField(label="Yes, start a new task from this checkpoint")
+    # Set when the page is drawn: the same form sent twice starts one fork, not two.
+    idempotency_key = forms.CharField(max_length=200, required=False, widget=forms.HiddenInput)
+
+    def __init__(self, *args: Any, editable: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("auto_id", "%s-fork")
+        super().__init__(*args, **kwargs)
+        self.was = {name: "" if value is None else str(value) for name, value in (editable or {}).items()}
+        for name, value in self.was.items():
+            self.fields[f"{self.INPUT}{name}"] = forms.CharField(
+                max_length=2000, required=False, label=name, initial=value
+            )
+
+    def input_changes(self) -> dict[str, str]:
+        """The editable fields given a new value (a blank or unchanged one is left as it was)."""
+        found = {name: self.cleaned_data.get(f"{self.INPUT}{name}", "") for name in self.was}
+        return {name: value for name, value in found.items() if value and value != self.was[name]}
+
+    def problem(self) -> str:
+        if "confirm" in self.errors:
+            return "Tick the confirmation box: no task was started."
+        if "reason" in self.errors:
+            return "A reason is required (up to 2000 characters): no task was started."
+        return _problem(self)
+
+
 class CompensateForm(ConsoleForm):
     """Undo one effect a canceled task left done: a compensation run (``tasks.compensation``)."""
 

@@ -39,7 +39,15 @@ from audit import sealing
 from audit.models import LeaseTakeover, TransitionEvent
 from console import chain_guard
 from console.access import AUDIT_ROLES, can_operate, get_task_for_user
-from console.forms import DESTRUCTIVE, AnswerForm, CompensateForm, ControlForm, RerunForm, RevealForm
+from console.forms import (
+    DESTRUCTIVE,
+    AnswerForm,
+    CompensateForm,
+    ControlForm,
+    ForkForm,
+    RerunForm,
+    RevealForm,
+)
 from console.posting import Done, Refusal, form_post
 from console.quarantine import BEFORE_RELEASE
 from ledger import integrity
@@ -47,12 +55,13 @@ from protection import retention, reveal
 from reads.task_a2a import read_task_a2a
 from reads.task_detail import Sections, TaskDetail, read_task_detail
 from runtime import controls
-from tasks import checkpoints, compensation, registry, selectors, services
+from tasks import checkpoints, compensation, forks, registry, selectors, services
 from tasks.checkpoints import CheckpointUnreadable
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
 from tasks.models import Checkpoint, Lease, Task
 from tasks.states import RUNNABLE, TERMINAL, WAITING, ActorKind, State, Trigger
 from tasks.transitions import Actor
+from tenancy.models import Role
 from tenancy.selectors import has_role
 
 TIMELINE_PAGE = 50
@@ -640,6 +649,14 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         if draft.get("form") == "rerun":
             initial["reason"] = draft.get("reason", "")
         rerun_form = RerunForm(initial=initial)
+    fork_form = None
+    viewed: Shown | None = checkpoint_context["viewed"]
+    if operate and viewed is not None and viewed.document is not None and not forks.refusal(task):
+        fork_key = f"console-fork:{uuid4()}"
+        fork_initial: dict[str, Any] = {"version": viewed.version, "idempotency_key": fork_key}
+        if draft.get("form") == "fork":
+            fork_initial["reason"] = draft.get("reason", "")
+        fork_form = ForkForm(initial=fork_initial, editable=_fork_editable(task, detail.input))
     offers = detail.compensations  # a canceled task's effects left done, each with its run if started
     return {
         "why": _why(
@@ -670,6 +687,8 @@ def _page_context(request: HttpRequest, task: Task, draft: dict[str, Any]) -> di
         "revealable": sorted(
             {*reveal.masked_names(task.task_type, task.input), *reveal.outcome_masked_names(task)}
         ),
+        "fork_form": fork_form,
+        "fork_origin": forks.origin(task),
         "rerun_of": detail.rerun_of,
         "reruns": detail.reruns,
         "compensations": [
@@ -861,6 +880,71 @@ def task_rerun(request: HttpRequest, task_id: UUID) -> HttpResponse:
         refusals=(Refusal(refused, lambda exc: f"Not rerun: {exc}"),),
         keep=_kept(request, task, "rerun"),
     )
+
+
+def _fork_editable(task: Task, shown_input: Any) -> dict[str, Any]:
+    """The input fields a fork of ``task`` may change, each with the value it has (a sensitive one
+    blank: it is never written into the page)."""
+    sensitive = (
+        registry.sensitive_fields(task.task_type) if task.task_type in registry.names() else frozenset()
+    )
+    given = shown_input if isinstance(shown_input, dict) else {}
+    return {
+        name: "" if name in sensitive else given.get(name, "")
+        for name in sorted(forks.editable_fields(task.task_type))
+    }
+
+
+@login_required
+@require_POST
+def task_fork(request: HttpRequest, task_id: UUID) -> HttpResponse:
+    """Resume an ended task from one of its checkpoint versions as a new task (``tasks.forks``)."""
+    task = _operable(request, task_id)
+    if stopped := _chain_refused(request, task, "fork"):
+        return stopped
+    form = ForkForm(request.POST, editable=_fork_editable(task, reveal.masked_input(task)))
+    version = _version(request.POST.get("version"))
+    back = f"{_page(task)}?checkpoint={version}#checkpoint" if version else _page(task)
+    roles = selectors.roles_in(request.user, task)
+    kind = ActorKind.OPERATOR if Role.OPERATOR in roles else ActorKind.ADMIN
+
+    def act(data: dict[str, Any]) -> Done:
+        fork, created = forks.task_fork(
+            task,
+            version=data["version"],
+            actor=Actor.user(request.user, kind),
+            reason=data["reason"],
+            input_changes=form.input_changes(),
+            idempotency_key=data["idempotency_key"] or None,
+        )
+        if not created:
+            return Done(
+                "This fork was already started (the form was sent twice).", messages.INFO, _page(fork)
+            )
+        return Done(
+            f"Resumed from checkpoint v{data['version']} of task {task.id} as this new task: "
+            "it asks every approval again.",
+            to=_page(fork),
+        )
+
+    def unfit(exc: services.InvalidTaskInput) -> str:
+        said = "; ".join(f"{name}: {' '.join(errors)}" for name, errors in exc.errors.items())
+        return f"No task started: the input does not fit the task type ({said})."
+
+    refusals = (
+        Refusal(forks.ForkRefused, lambda exc: f"No task started: {exc}."),
+        Refusal(
+            CheckpointUnreadable,
+            lambda exc: f"No task started: this checkpoint fails verification ({exc.reason}: {exc.detail}).",
+            keep=False,
+        ),
+        Refusal(services.InvalidTaskInput, unfit),
+        Refusal(
+            (services.IdempotencyConflict, TransitionNotAllowed, StaleVersion),
+            lambda exc: f"No task started: {exc}.",
+        ),
+    )
+    return form_post(request, form, act, back=back, refusals=refusals, keep=_kept(request, task, "fork"))
 
 
 @login_required

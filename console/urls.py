@@ -25,10 +25,12 @@ app_name = "console"
 urlpatterns = [
     path("", views.queue, name="queue"),
     path("tasks/<uuid:task_id>/", task_page.task_detail, name="task"),
-    # Before the controls' catch-all: "answer", "rerun", "compensate" are not transition-table controls.
+    # Before the controls' catch-all: "answer", "rerun", "compensate" are not transition-table controls
+    # (nor is "fork", resuming from a checkpoint).
     path("tasks/<uuid:task_id>/answer/", task_page.task_answer, name="task-answer"),
     path("tasks/<uuid:task_id>/rerun/", task_page.task_rerun, name="task-rerun"),
     path("tasks/<uuid:task_id>/compensate/", task_page.task_compensate, name="task-compensate"),
+    path("tasks/<uuid:task_id>/fork/", task_page.task_fork, name="task-fork"),  # resume from a checkpoint
     path("tasks/<uuid:task_id>/reveal/", task_page.task_reveal, name="task-reveal"),
     path("tasks/<uuid:task_id>/legal-hold/", legal_hold.task_legal_hold, name="task-legal-hold"),
     path("tasks/<uuid:task_id>/<slug:control>/", task_page.task_control, name="task-control"),

@@ -1,6 +1,7 @@
 """gunicorn's configuration for the web process (``gunicorn --config deploy/gunicorn.conf.py
-config.wsgi:application``). Every knob is an environment variable, listed with its default in the README's
-settings table: the bind address, processes, threads per process, and the request and shutdown timeouts.
+config.wsgi:application``). Every knob is an environment variable, listed with its default in
+docs/operating/settings.md: the bind address, processes, threads per process, and the request and shutdown
+timeouts.
 
 Threads, not more processes, carry the waiting: a console page or an API call spends most of its time on
 PostgreSQL. A process silent for ``WEB_TIMEOUT`` seconds is restarted (gunicorn's ``timeout``); a gthread

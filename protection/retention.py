@@ -38,11 +38,11 @@ anchor key (``AUDIT_ANCHOR_KEY``: a deletion runs only where that key is, never 
 anchors taken before the deletion still verify and the next anchor — asked for at once, by an
 ``AnchorRequest`` — lists the tombstone. Only the database owner may do that, and archive too:
 erasing rewrites a task's input and its approval requests' copies, which the application's role
-may not update (README, "Database roles"); connected as that role, a run changes nothing and
-reports what is due as awaiting the owner. A task whose chain does not verify (links and path,
-``tasks.audit_paths``) is never deleted: its evidence stays, and no signature vouches for it. A
-task that a surviving task reruns or descends from (``rerun_of``, ``parent``) is kept until that
-task goes too; tasks that go together go in one transaction.
+may not update (docs/operating/tamper-evidence.md#database-roles); connected as that role, a run
+changes nothing and reports what is due as awaiting the owner. A task whose chain does not verify
+(links and path, ``tasks.audit_paths``) is never deleted: its evidence stays, and no signature vouches
+for it. A task that a surviving task reruns or descends from (``rerun_of``, ``parent``) is kept until
+that task goes too; tasks that go together go in one transaction.
 
 A run is idempotent (an archived task is not archived again; a deleted one is gone), and the
 dry run and the real run share every decision (``plan_batch``); the real run re-checks each

@@ -102,7 +102,7 @@ def states_markdown() -> str:
     pairs: dict[tuple[str, str], list[str]] = {}
     for edge in states.TRANSITIONS:
         if edge.source == edge.target:
-            continue  # self-loops (escalate, failover, late effect found) are in the table below
+            continue  # self-loops (escalate, failover, late effect found, fork) are in the table below
         pairs.setdefault((edge.source.value, edge.target.value), []).append(edge.trigger.value)
     for (source, target), triggers in pairs.items():
         lines.append(f"    {source} --> {target}: {', '.join(dict.fromkeys(triggers))}")

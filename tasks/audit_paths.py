@@ -13,10 +13,10 @@ can write any event with a valid link — an "approved" after ``complete``, say.
 - the task row's state is where the last event ended.
 
 From these the rest follows, with nothing listed twice: after a terminal
-state only the table's edges out of it may follow (today the self-loop
-``late_effect_found``: retention archives without an event, a confirmed cancel
-is the move *into* ``canceled``, reruns and compensations are new tasks), and
-an approval decision needs a pending request before it (``approval_decided``
+state only the table's edges out of it may follow (today the self-loops
+``late_effect_found`` and ``fork``, a fork's record on the task it resumes: retention archives
+without an event, a confirmed cancel is the move *into* ``canceled``, reruns and compensations are
+new tasks), and an approval decision needs a pending request before it (``approval_decided``
 leaves only ``waiting_approval``, entered only by ``request_approval`` or
 ``reapprove``). The check lives here, above ``audit``, which knows no states;
 ``verify_chain`` hands it to ``audit.verify.verify_task``.

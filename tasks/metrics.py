@@ -6,10 +6,10 @@ they are the API's no-op proxies, so the kernel records unconditionally and
 pays next to nothing when metrics are off. Once set, each value lives in the
 memory of the process that recorded it: a worker's counters are served by that
 worker only (``run_worker --metrics-port``), never by the web process's
-``/metrics`` (README, "Metrics and health").
+``/metrics`` (docs/operating/metrics-alerts.md).
 
-Every instrument is named ``durable_*`` and listed in the README's metrics
-table; labels are bounded sets (states, triggers, reason codes, connector and
+Every instrument is named ``durable_*`` and listed in
+docs/operating/metrics-alerts.md; labels are bounded sets (states, triggers, reason codes, connector and
 worker names), never task ids. Nothing here touches the database.
 """
 

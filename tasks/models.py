@@ -279,7 +279,7 @@ class RuntimeConfig(models.Model):
         return f"{self.task_type}: {self.model_id} / {self.prompt_id} / {self.toolset_id}"
 
 
-# --- retention (protection.retention; README, "Retention") ----------------------------------------
+# --- retention (protection.retention; docs/operating/retention.md) ----------------------------------------
 
 
 class RetentionPolicy(models.Model):

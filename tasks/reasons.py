@@ -222,6 +222,16 @@ REASONS: tuple[Reason, ...] = (
         "A cancel withdrew the side effect unsent, and the task cannot go on without it.",
     ),
     _r("failover", EVENT, "The task moved to another region in a failover."),
+    _r(
+        "forked",
+        EVENT,
+        "An operator resumed this ended task from one of its checkpoints as a new task (the event names it).",
+    ),
+    _r(
+        "forked_from",
+        EVENT,
+        "Started from another task's checkpoint (the event names both); every approval is asked again.",
+    ),
     # --- models and agents ---
     _r("model_unavailable", WAITING_RETRY, "The model could not be reached or refused; tried again later."),
     _r(

@@ -508,6 +508,9 @@ class TaskType:
     # The one declaration of what is sensitive (``audit.sealing``); each Dispatch names its effect keys.
     sensitive: frozenset[str] = frozenset()
     model_sees: frozenset[str] = frozenset()
+    # Input fields an operator may change when resuming an ended task from one of its checkpoints
+    # (``tasks.forks``); a type that names none keeps its input as it was submitted.
+    fork_editable: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         names = [step.name for step in self.steps]
@@ -517,6 +520,9 @@ class TaskType:
         unknown = targets - set(names)
         if unknown:
             raise ValueError(f"{self.name}: steps lead to unknown steps {sorted(unknown)}")
+        unknown_fields = self.fork_editable - set(self.input_model.model_fields)
+        if unknown_fields:
+            raise ValueError(f"{self.name}: fork_editable names no input field: {sorted(unknown_fields)}")
         if not self.model_sees <= self.sensitive:
             raise ValueError(f"{self.name}: model_sees names facts not marked sensitive")
         tools = [tool.tool for run in self.agent_runs for tool in run.tools]

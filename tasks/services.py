@@ -74,6 +74,20 @@ def _request_digest(task_type: str, objective: str, input: dict[str, Any], deadl
     return canonical.digest(request, version=canonical.V1_ASCII)
 
 
+def accept_input(kind: registry.TaskType, input: Any) -> dict[str, Any]:
+    """``input`` as ``kind`` accepts it (its input model's JSON dump); ``InvalidTaskInput`` (field
+    errors) when it does not fit."""
+    try:
+        accepted: dict[str, Any] = kind.input_model.model_validate(input).model_dump(mode="json")
+    except ValidationError as exc:
+        errors: dict[str, list[str]] = {}
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"]) or "input"
+            errors.setdefault(where, []).append(error["msg"])
+        raise InvalidTaskInput(errors) from None
+    return accepted
+
+
 def task_create(
     *,
     tenant: Tenant,
@@ -88,19 +102,24 @@ def task_create(
     region: str | None = None,
     rerun_of: Task | None = None,
     reason: str = "",
+    reason_code: str = "",
     nested: bool = False,
     first_step: str = "",
     facts: dict[str, Scalar] | None = None,
+    evidence: Iterable[checkpoints.EvidenceRef] = (),
     compensates: Any = None,
     api_token: Any = None,
+    task_id: UUID | None = None,
 ) -> tuple[Task, bool]:
     """Start a task, or return the one started before with the same key.
 
-    ``reason`` is the creation event's (default: the objective's head).
+    ``reason`` is the creation event's (default: the objective's head), ``reason_code`` its code
+    (none for a plain start; ``forked_from`` for a fork, ``tasks.forks``). ``task_id``: the new
+    task's id when the caller has named it already (a fork's origin records it in the same commit).
     ``first_step``, ``facts`` and ``compensates`` (a ``ledger.Action``): a
     compensation run (``tasks.compensation``), where it starts, what it knows
     there and what it undoes; by default the type's first step and the facts
-    of its input.
+    of its input. ``evidence``: the records a fork's checkpoint had read (``tasks.forks``).
     ``api_token``: the ``tenancy.ApiToken`` the request came with, if any (the money policy's
     running totals per token count the task's payments against it).
     ``nested``: inside the caller's transaction (a parent starting children);
@@ -110,14 +129,7 @@ def task_create(
     when the key was used before with a different request.
     """
     kind = registry.get(task_type)
-    try:
-        accepted = kind.input_model.model_validate(input).model_dump(mode="json")
-    except ValidationError as exc:
-        errors: dict[str, list[str]] = {}
-        for error in exc.errors():
-            where = ".".join(str(part) for part in error["loc"]) or "input"
-            errors.setdefault(where, []).append(error["msg"])
-        raise InvalidTaskInput(errors) from None
+    accepted = accept_input(kind, input)
     digest = _request_digest(task_type, objective, accepted, deadline)
 
     def existing() -> Task | None:
@@ -133,6 +145,7 @@ def task_create(
     policy = Policy.objects.filter(task_type=task_type).values_list("version", flat=True).first()
     config = RuntimeConfig.objects.filter(task_type=task_type, current=True).first()
     task = Task(
+        **({"id": task_id} if task_id is not None else {}),
         tenant=tenant,
         task_type=task_type,
         objective=objective,
@@ -156,10 +169,16 @@ def task_create(
         step=first_step or kind.first_step,
         input_refs=[f"task:{task.id}/input"],
         facts=kind.initial_facts(accepted) if facts is None else facts,
+        evidence=list(evidence),
     )
     try:
         task = task_start(
-            task, actor=actor, progress=progress, reason=(reason or objective)[:200], durable=not nested
+            task,
+            actor=actor,
+            progress=progress,
+            reason=(reason or objective)[:200],
+            reason_code=reason_code,
+            durable=not nested,
         )
         if nested:
             transaction.on_commit(functools.partial(doorbell.ring, task.id, task.region))

@@ -95,6 +95,8 @@ class Trigger(models.TextChoices):
     RETRY = "retry"
     ESCALATE = "escalate"
     FAILOVER = "failover"
+    # An operator resumed an ended task from one of its checkpoints as a new task (``tasks.forks``).
+    FORK = "fork"
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,9 @@ TRANSITIONS: tuple[Edge, ...] = tuple(
     # An ended task never leaves its terminal state, but an effect found absent
     # that landed late after all amends its report: an audited self-loop.
     + [Edge(s, s, T.LATE_EFFECT_FOUND, frozenset({A.SYSTEM})) for s in sorted(TERMINAL)]
+    # A fork (``tasks.forks``) starts a new task from one of an ended task's checkpoints; the ended one
+    # records it in its own history with this audited self-loop, and otherwise stays as it ended.
+    + [Edge(s, s, T.FORK, frozenset({A.OPERATOR, A.ADMIN})) for s in sorted(TERMINAL)]
     # Escalation is orthogonal to state: a self-loop that bumps the version.
     + [Edge(s, s, T.ESCALATE, frozenset({A.OPERATOR, A.ADMIN, A.SYSTEM})) for s in sorted(NON_TERMINAL)]
     # So is ownership: failover moves a task to another region and bumps its epoch (manage.py failover).

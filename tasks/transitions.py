@@ -372,6 +372,7 @@ def task_start(
     actor: Actor,
     progress: checkpoints.Progress,
     reason: str = "",
+    reason_code: str = "",
     actions: Iterable[ActionIntent] = (),
     durable: bool = True,
 ) -> Task:
@@ -397,7 +398,7 @@ def task_start(
             trigger=Trigger.START,
             actor=actor,
             reason=reason,
-            reason_code="",
+            reason_code=reason_code,
             trace_id=trace_id,
             checkpoint=checkpoint,
         )
@@ -565,7 +566,8 @@ def _advance(
             if to_state in WAITING and task.wait_deadline is None:
                 raise ValueError(f"entering {to_state} needs a wait_deadline")
             task.state, task.state_version, task.updated_at = to_state, expected_version + 1, now
-            task.state_reason = reason_code
+            if edge.trigger != Trigger.FORK:  # an ended task forked keeps the reason it ended for
+                task.state_reason = reason_code
             if to_state != from_state:
                 task.state_entered_at = now
             rows = _ledger_rows(task, actions, now)

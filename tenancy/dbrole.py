@@ -1,4 +1,5 @@
-"""Which database role this connection is, and whether it is the owner (README, "Database roles").
+"""Which database role this connection is, and whether it is the owner
+(docs/operating/tamper-evidence.md#database-roles).
 
 ``migrate`` runs as the owner role, which owns every table; the application connects as the role
 ``db_roles`` made, which owns nothing and may not rewrite what a row was created with, history or
@@ -48,5 +49,5 @@ def owner_needed(what: str) -> str | None:
     return (
         f"{what} needs the database owner role {roles.owner} (the role that ran migrate); this connection "
         f"is {roles.current}. Run it connected as {roles.owner} "
-        "(README, 'Database roles')."
+        "(docs/operating/tamper-evidence.md#database-roles)."
     )

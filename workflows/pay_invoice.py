@@ -51,6 +51,8 @@ register(
         description="Pay one invoice: the smallest task with a side effect.",
         input_model=PayInvoiceInput,
         toolset_id="payments@1",
+        # Resumed from a checkpoint (tasks.forks), the amount may be corrected; the invoice stays.
+        fork_editable=frozenset({"amount"}),
         steps=(
             Dispatch(
                 "pay",

@@ -70,6 +70,8 @@ register(
         # The card the refund goes to, the customer's address and what they wrote: sealed at rest,
         # masked in the console and the API, never shown to the model (triage needs none of them).
         sensitive=frozenset({"refund_card", "customer_email", "reason", "damaged_item"}),
+        # Resumed from a checkpoint (tasks.forks), the amount may be corrected; the rest stays as asked.
+        fork_editable=frozenset({"amount"}),
         steps=(
             ReadEvidence(
                 "gather_evidence",

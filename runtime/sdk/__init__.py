@@ -3,5 +3,5 @@
 The one module that imports the SDK (``agents``, the optional ``agents`` extra) is ``replay``;
 ``step`` is what the engine calls, ``snapshots`` keeps the SDK's paused run state as a checked
 artifact, ``toolsets`` names a run's tool set and model without the SDK (for resume validation).
-The README's "Bring your own agent" says what becomes a step, an action, an approval.
+docs/building/agents-sdk.md ("Bring your own agent") says what becomes a step, an action, an approval.
 """

@@ -212,7 +212,7 @@ def test_an_approved_event_appended_after_complete_is_an_invalid_path(acme, tmp_
 
     expected = (
         f"task {task.id} v{forged.state_version}: approver completed → completed by approval_decided after "
-        "the task ended completed: after it the table allows only late_effect_found"
+        "the task ended completed: after it the table allows only fork, late_effect_found"
     )
     ok, out = verify(capsys=capsys)
     assert not ok and expected in out and str(other.id) not in out

@@ -180,7 +180,8 @@ def test_a_truncated_event_log_is_caught_by_the_anchor(acme, tmp_path, capsys):
     task = task_with_history(acme, steps=1)
     anchor = write_anchor(tmp_path).path
 
-    with connection.cursor() as cursor:  # the owner may TRUNCATE (README, "Database roles")
+    # The owner may TRUNCATE (docs/operating/tamper-evidence.md#database-roles).
+    with connection.cursor() as cursor:
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
         cursor.execute("TRUNCATE audit_transitionevent")
 

@@ -70,6 +70,7 @@ EXPECTED: dict[str, Row] = {
     "task-control": row("POST", LOGIN, 404, 403, DONE, 403, DONE),
     "task-answer": row("POST", LOGIN, 404, 403, PASSED, 403, PASSED),
     "task-rerun": row("POST", LOGIN, 404, 403, PASSED, 403, PASSED),
+    "task-fork": row("POST", LOGIN, 404, 403, PASSED, 403, PASSED),
     "task-compensate": row("POST", LOGIN, 404, 403, PASSED, 403, PASSED),
     # Reveal: operators and admins only; the matrix's empty form is refused past the access check.
     "task-reveal": row("POST", LOGIN, 404, 403, PASSED, 403, PASSED),
@@ -178,6 +179,8 @@ def _post_body(name: str, world: SimpleNamespace) -> dict[str, Any]:
         return {"expected_version": world.task.state_version, "answer": "matrix"}
     if name == "task-rerun":
         return {"reason": "matrix"}
+    if name == "task-fork":
+        return {"version": 1, "reason": "matrix", "confirm": "on"}
     if name == "task-compensate":
         return {"action": "matrix", "reason": "matrix", "confirm": "on"}
     if name == "task-legal-hold":

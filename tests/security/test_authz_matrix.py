@@ -142,6 +142,7 @@ EXPECTED: dict[tuple[str, str], dict[str, int | str]] = {
     ("api-task-retry_migration", "POST"): cols(401, 404, 403, P,   403, 403, P,     403, P,   403, 403),
     ("api-task-reconcile", "POST"):       cols(401, 404, 403, P,   403, 403, P,     403, P,   403, 403),
     ("api-task-rerun", "POST"):           cols(401, 404, 403, P,   403, 403, P,     403, P,   403, 403),
+    ("api-task-fork", "POST"):            cols(401, 404, 403, P,   403, 403, P,     403, P,   403, 403),
     ("api-task-compensate", "POST"):      cols(401, 404, 403, P,   403, 403, P,     403, P,   403, 403),
     ("api-task-reveal", "POST"):          cols(401, 404, 403, P,   403, 403, P,     403, P,   403, 403),
     # --- a legal hold: any role reads it; only the tenant's admins place or lift it (a token: "operate")
@@ -161,6 +162,7 @@ EXPECTED: dict[tuple[str, str], dict[str, int | str]] = {
     ("console:task-control", "POST"):     cols(L,   404, 403, R,   403, 403, R,     *T),
     ("console:task-answer", "POST"):      cols(L,   404, 403, R,   403, 403, R,     *T),
     ("console:task-rerun", "POST"):       cols(L,   404, 403, R,   403, 403, R,     *T),
+    ("console:task-fork", "POST"):        cols(L,   404, 403, R,   403, 403, R,     *T),
     ("console:task-compensate", "POST"):  cols(L,   404, 403, R,   403, 403, R,     *T),
     ("console:task-reveal", "POST"):      cols(L,   404, 403, P,   403, 403, P,     *T),
     ("console:task-legal-hold", "POST"):  cols(L,   404, 403, 403, 403, 403, R,     *T),
@@ -373,6 +375,8 @@ def _body(name: str, world: SimpleNamespace) -> dict[str, Any]:
         return {"event_key": "matrix", "event_type": "matrix", "payload": {}}
     if name == "api-task-rerun":
         return {"reason": "matrix"}
+    if name == "api-task-fork":
+        return {"version": 1, "reason": "matrix"}
     if name == "api-task-compensate":
         return {"action": "matrix", "reason": "matrix"}
     if name == "api-task-legal-hold":
@@ -389,6 +393,8 @@ def _body(name: str, world: SimpleNamespace) -> dict[str, Any]:
         return {"expected_version": task.state_version, "answer": "matrix"}
     if name == "console:task-rerun":
         return {"reason": "matrix"}
+    if name == "console:task-fork":
+        return {"version": 1, "reason": "matrix", "confirm": "on"}
     if name == "console:task-compensate":
         return {"action": "matrix", "reason": "matrix", "confirm": "on"}
     if name == "console:task-legal-hold":

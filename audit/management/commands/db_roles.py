@@ -47,7 +47,7 @@ nothing, with exactly:
 
 Without ownership it cannot ``ALTER TABLE`` (so cannot disable a trigger),
 ``TRUNCATE``, ``DROP`` or grant; the triggers refuse what its privileges
-still allow (README, "Database roles"). The command refuses a role that is a
+still allow (docs/operating/tamper-evidence.md#database-roles). The command refuses a role that is a
 superuser, is the owner, is a member of the owner, or owns anything.
 
 Prefer ``--password-env`` (the password never appears in the process list);

@@ -1,7 +1,7 @@
 """manage.py retention [--dry-run] [--list] [--tenant SLUG] [--batch-size N]
 
 Archives and deletes ended tasks as their tenants' retention policies say (``protection.retention``;
-README, "Retention"). Beat runs the same function daily (``RETENTION_INTERVAL``).
+docs/operating/retention.md). Beat runs the same function daily (``RETENTION_INTERVAL``).
 
 1. Per tenant, then per page of ``--batch-size`` candidates: decide (archive, delete, keep).
 2. Unless ``--dry-run``: archive the page in one transaction, delete in another (with a tombstone
@@ -108,5 +108,6 @@ class Command(BaseCommand):
             named = f" {roles.owner} (this connection is {roles.current})" if roles else ""
             self.stderr.write(
                 f"{waiting} tasks due for archiving or deletion are left: this connection is not the owner "
-                f"of the tables. Run `manage.py retention` as the owner role{named} (README, 'Retention')."
+                f"of the tables. Run `manage.py retention` as the owner role{named} "
+                "(docs/operating/retention.md)."
             )

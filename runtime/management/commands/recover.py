@@ -13,7 +13,7 @@ A ``WARNING`` line says when the window starts after the restored database's new
 such a run documents no restore for ``verify_audit --against`` (start it earlier).
 
 After a restore: ``recover`` (or ``--since`` a time at or before the backup), read it, the same
-with ``--apply``, then start the workers (README, "Backup and restore").
+with ``--apply``, then start the workers (docs/operating/backup-restore.md).
 """
 
 from __future__ import annotations
