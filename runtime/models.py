@@ -351,3 +351,15 @@ class StateCount(models.Model):
 
     def __str__(self) -> str:
         return f"tenant {self.tenant_id} {self.state}: {self.n}"
+
+
+class Reading(models.Model):
+    """A maintained reading kept in the database, so every web process serves the same one without a
+    cold read: the dashboard's gauges (``runtime.rollups.refresh`` writes it with the state counts)."""
+
+    name = models.CharField(max_length=32, primary_key=True)
+    body = models.JSONField()
+    read_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} read at {self.read_at:%H:%M:%S}"
