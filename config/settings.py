@@ -387,6 +387,14 @@ for _cidr in METRICS_ALLOW_IPS:
     except ValueError as _exc:
         raise ImproperlyConfigured(f"METRICS_ALLOW_IPS: {_exc}") from None
 METRICS_CACHE_SECONDS = env.float("METRICS_CACHE_SECONDS", default=15.0)
+# Bulk operations (runtime/bulk.py): up to BULK_SYNC_LIMIT tasks run in the confirming request, more in
+# the background worker in batches with progress; BULK_MAX_TASKS is one operation's ceiling. The preview
+# counts what matches exactly within BULK_COUNT_BUDGET_MS, else says "counting…" and counts again
+# within BULK_COUNT_FOLLOWUP_MS in a follow-up request.
+BULK_SYNC_LIMIT = env.int("BULK_SYNC_LIMIT", default=200)
+BULK_MAX_TASKS = env.int("BULK_MAX_TASKS", default=1_000_000)
+BULK_COUNT_BUDGET_MS = env.int("BULK_COUNT_BUDGET_MS", default=250)
+BULK_COUNT_FOLLOWUP_MS = env.int("BULK_COUNT_FOLLOWUP_MS", default=20_000)
 # Alerts (runtime/alerts.py), beyond the stuck clauses above: a task quarantined, or with a cancel
 # requested and not confirmed, for longer than these many seconds is raised as an alert too.
 ALERT_QUARANTINE_AFTER = env.float("ALERT_QUARANTINE_AFTER", default=3600.0)
@@ -456,6 +464,8 @@ CELERY_BEAT_SCHEDULE = {
         "task": "runtime.alerts_scan",
         "schedule": env.float("ALERT_SCAN_INTERVAL", default=30.0),
     },
+    # Recount the tasks per tenant and state (runtime/rollups.py): the queue's chips, "as of" the count.
+    "rollups": {"task": "runtime.rollups_refresh", "schedule": env.float("ROLLUP_INTERVAL", default=30.0)},
     # Archive and delete ended tasks by their tenants' policies (protection/retention.py), daily.
     "retention": {"task": "tasks.retention", "schedule": env.float("RETENTION_INTERVAL", default=86400.0)},
     # Send the A2A push notifications that are due (interop/push.py; run_worker --sweep does it too).

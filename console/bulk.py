@@ -12,7 +12,9 @@ from urllib.parse import urlencode
 from uuid import UUID
 
 from django import forms
+from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.db import OperationalError, connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
@@ -29,7 +31,7 @@ from tenancy.models import Role
 from tenancy.selectors import tenant_ids_for
 
 OPERATE = (Role.OPERATOR, Role.ADMIN)
-MAX_IDS = 500  # ticked rows per request; "everything matching" has no such limit (bulk.MAX_TASKS)
+MAX_IDS = 500  # ticked rows per request; "everything matching" has no such limit (bulk.max_tasks())
 SAMPLE = 20
 RESULTS_SHOWN = 500
 LIST_PAGE = 50
@@ -98,6 +100,33 @@ def _back(params: QueryDict, selection: dict[str, Any]) -> str:
     return f"{reverse('console:queue')}?{selection.get('query', '')}"
 
 
+def exact_count(tasks: QuerySet[Task], *, budget_ms: int) -> int | None:
+    """How many tasks match, exactly, or ``None`` when PostgreSQL cannot count them within ``budget_ms``
+    (``statement_timeout`` for this one statement; the index-only scans of the tenant indexes count
+    hundreds of thousands in that time)."""
+    if connection.vendor != "postgresql":
+        return tasks.order_by().count()
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('statement_timeout'), set_config('statement_timeout', %s, true)",
+                [f"{int(budget_ms)}ms"],
+            )
+            before = cursor.fetchone()[0]
+            count = tasks.order_by().count()
+            # Released, a savepoint keeps its SET LOCAL for the enclosing transaction: put it back.
+            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [before])
+            return count
+    except OperationalError:  # canceled at the budget; the savepoint's rollback undid the setting
+        return None
+
+
+def _count_url(params: QueryDict, data: dict[str, Any]) -> str:
+    """The preview again, asking for the exact count with the follow-up budget (``count=full``)."""
+    fields = [("control", data["control"]), ("target", data["target"]), *_filter_fields(params)]
+    return f"{reverse('console:bulk-preview')}?{urlencode([*fields, ('count', 'full')])}"
+
+
 @login_required
 def preview(request: HttpRequest) -> HttpResponse:
     """GET: what would happen (count, a sample). POST: the confirmation — create, then run or queue."""
@@ -123,21 +152,30 @@ def preview(request: HttpRequest) -> HttpResponse:
         except bulk.BulkRefused as exc:
             error = str(exc)
         else:
-            if operation.total <= bulk.SYNC_LIMIT:
+            if operation.total <= bulk.sync_limit():
                 bulk.bulk_run(operation.id, runner=f"console:{request.user.get_username()}")
             return redirect("console:bulk-report", operation_id=operation.id)
-    count = tasks[: bulk.MAX_TASKS + 1].count()
+    full = params.get("count") == "full"
+    budget = settings.BULK_COUNT_FOLLOWUP_MS if full else settings.BULK_COUNT_BUDGET_MS
+    count = exact_count(tasks, budget_ms=budget)
+    ceiling = bulk.max_tasks()
     context = {
         "form": form,
         "control": data["control"],
         "target": data["target"],
-        "count": min(count, bulk.MAX_TASKS),
-        "too_many": count > bulk.MAX_TASKS,
+        "count": count,
+        "counted": "" if count is None else f"{count:,}",
+        # Not counted within the budget: the first page fills it in with a follow-up request; the
+        # follow-up, past its own budget, says so.
+        "counting": count is None and not full,
+        "count_url": _count_url(params, data),
+        "too_many": count is not None and count > ceiling,
+        "ceiling": f"{ceiling:,}",
         "sample": list(tasks.select_related("tenant").defer("input", "outcome").order_by("-id")[:SAMPLE]),
         "hidden": _filter_fields(params),
         "error": error,
         "back": _back(params, selection),
-        "runs_in_worker": count > bulk.SYNC_LIMIT,
+        "runs_in_worker": count is None or count > bulk.sync_limit(),
     }
     return render(request, "console/bulk_preview.html", context, status=400 if error else 200)
 

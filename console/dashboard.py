@@ -2,8 +2,11 @@
 
 Every console role reads it, scoped to the tenants where the user holds a
 role (another tenant's numbers never appear). The counts and age buckets come
-from the shared database reading behind ``/metrics`` (``runtime.gauges``,
-cached ``METRICS_CACHE_SECONDS``, narrowed here to the user's tenants); the
+from the maintained reading the beat stores every ``ROLLUP_INTERVAL`` seconds
+(``runtime.rollups``: the same reading as ``/metrics``, ``runtime.gauges``,
+narrowed here to the user's tenants), one row read: a request never reads the
+tasks table whole, even the first after a start; before the first recount the
+page says so. The
 oldest waits and the unknown outcomes are read per request (a few index
 ranges); the transition rate and approval latency are cached per set of
 tenants. Charts are inline SVG (``console.charts``); the live refresh swaps
@@ -27,7 +30,7 @@ from django.views.decorators.http import require_safe
 
 from console import charts
 from reads.usage import usage_by_type
-from runtime import gauges
+from runtime import gauges, rollups
 from tasks.states import TERMINAL, State
 from tenancy.models import Role
 from tenancy.selectors import tenant_ids_for
@@ -99,7 +102,8 @@ def _alerts_link(user: Any) -> str:
 def build(user: Any, tenant_ids: Sequence[int]) -> dict[str, Any]:
     """Everything the page shows for ``tenant_ids``."""
     now = timezone.now()
-    snapshot = gauges.snapshot().for_tenants(tenant_ids)
+    stored = rollups.gauges_reading()
+    snapshot = (stored or gauges.Snapshot(now, 0.0, (), (), (), (), None)).for_tenants(tenant_ids)
     trend = gauges.trend(tenant_ids)
     unknown = gauges.unknown_outcomes(tenant_ids, limit=OLDEST)
     oldest_unknown = min((since for _, _, since in snapshot.unknown), default=None)
@@ -107,8 +111,9 @@ def build(user: Any, tenant_ids: Sequence[int]) -> dict[str, Any]:
     return {
         "now": now,
         "read_at": snapshot.read_at,
+        "not_read_yet": stored is None,
         "bucket_labels": BUCKET_LABELS,
-        "refresh_every": settings.METRICS_CACHE_SECONDS,
+        "refresh_every": settings.CELERY_BEAT_SCHEDULE["rollups"]["schedule"],
         "live": live,
         "waiting": sum(sum(row.counts) for row in snapshot.waits),
         "tasks": _task_charts(snapshot),

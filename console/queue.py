@@ -83,21 +83,34 @@ def page(tasks: QuerySet[Task], params: QueryDict, *, size: int, tenants: Sequen
 
 
 def summary(request: HttpRequest) -> dict[str, Any]:
-    """Each state's count: exact up to ``COUNT_CAP``, past it "about N" from PostgreSQL's statistics
+    """Each state's count, exact: counted live up to ``COUNT_CAP``; past it the maintained rollup's
+    count (``runtime.rollups``, recounted every ``ROLLUP_INTERVAL`` s) with the time it was counted
+    (``as_of``); before any recount, "about N" from PostgreSQL's statistics
     (``queue.estimated_counts``), or "1,000+" where there are none."""
     tenant_ids = tenant_ids_for(request.user)
     counts = queue.state_counts(tenant_ids, cap=COUNT_CAP)
-    estimates = queue.estimated_counts(tenant_ids, [label for label, n in counts.items() if n > COUNT_CAP])
+    over = [label for label, n in counts.items() if n > COUNT_CAP]
+    maintained = queue.maintained_counts(tenant_ids, over)
+    counted = {label: found for label, found in maintained.items() if found.n > COUNT_CAP}
+    estimates = queue.estimated_counts(tenant_ids, [label for label in over if label not in counted])
 
     def shown(label: str) -> str:
         n = counts.get(label, 0)
         if n <= COUNT_CAP:
             return f"{n:,}"
+        if label in counted:
+            return f"{counted[label].n:,}"
         estimate = estimates.get(label, 0)
         return f"about {_rounded(estimate):,}" if estimate > COUNT_CAP else f"{COUNT_CAP:,}+"
 
     rows = [(value, label, shown(value)) for value, label in State.choices if value in counts]
-    return {"live": rows, "finished": shown(queue.FINISHED)}
+    as_of = min((found.counted_at for found in counted.values()), default=None)
+    return {
+        "live": rows,
+        "finished": shown(queue.FINISHED),
+        "cap": f"{COUNT_CAP:,}",
+        "as_of": None if as_of is None else timezone.localtime(as_of),
+    }
 
 
 def _rounded(n: int) -> int:

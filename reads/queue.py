@@ -19,6 +19,7 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from reads.quarantine import quarantine_code
+from runtime import rollups
 from tasks import registry
 from tasks.leases import live_lease_exists
 from tasks.models import Task
@@ -150,6 +151,23 @@ class TaskFilter(django_filters.FilterSet):
         return held.filter(quarantine_code=value.strip())
 
 
+def count_groups() -> list[tuple[str, Sequence[str]]]:
+    """The summary's labels and the states each counts: every non-terminal state, the terminal ones
+    together under ``FINISHED``."""
+    groups: list[tuple[str, Sequence[str]]] = [(state, [state]) for state in sorted(NON_TERMINAL)]
+    groups.append((FINISHED, sorted(TERMINAL)))
+    return groups
+
+
+def maintained_counts(tenant_ids: list[int], labels: Sequence[str]) -> dict[str, rollups.Counted]:
+    """The exact counts of ``labels`` (a state, or ``FINISHED``) at the last recount of the maintained
+    rollup (``runtime.rollups``), with when that was; nothing before the first recount."""
+    if not labels:
+        return {}
+    wanted = set(labels)
+    return rollups.state_counts(tenant_ids, [group for group in count_groups() if group[0] in wanted])
+
+
 def state_counts(tenant_ids: list[int], *, cap: int) -> dict[str, int]:
     """Counts for the queue's summary bar, each capped: one query whose cost does not grow with the table.
 
@@ -159,10 +177,8 @@ def state_counts(tenant_ids: list[int], *, cap: int) -> dict[str, int]:
     ``UNION ALL`` into one round trip; the SQL is the ORM's own, so it runs on SQLite too.
     A value above ``cap`` means "more than cap". States with no tasks are left out.
     """
-    groups: list[tuple[str, Sequence[str]]] = [(state, [state]) for state in sorted(NON_TERMINAL)]
-    groups.append((FINISHED, sorted(TERMINAL)))
     parts, params = [], []
-    for label, states in groups:
+    for label, states in count_groups():
         capped = Task.objects.filter(tenant_id__in=tenant_ids, state__in=states).values("id")[: cap + 1]
         sql, capped_params = capped.query.sql_with_params()
         parts.append(f"SELECT %s, (SELECT COUNT(*) FROM ({sql}) capped)")

@@ -4,9 +4,17 @@
 then) into ``pending`` results. ``bulk_run`` settles them: every task goes through
 ``controls.task_control`` at the confirmed version, so a task that moved since is
 recorded ``stale`` and left alone — a bulk action never overwrites. Small
-operations run in the request; larger ones (over ``SYNC_LIMIT``) are rung to a
+operations run in the request; larger ones (over ``BULK_SYNC_LIMIT``) are rung to a
 Celery worker (``runtime.workers.bulk_run``) and picked up by ``run_worker``'s
-loop too (``run_pending``): whoever claims the operation first runs it.
+loop too (``run_pending``): whoever claims the operation first runs it, in
+batches of ``CHUNK``, moving the operation's progress counters after each.
+
+Durable: the results are written at confirmation (one ``INSERT … SELECT``, no task
+read into Python), each is settled once (only a ``pending`` row is written), and a
+runner killed mid-batch is taken over after ``RUNNER_TIMEOUT``; the one task it may
+have acted on without settling the result is found by its transition's reason
+(which names the operation), recorded ``applied``, and never acted on twice (the
+confirmed version has moved, so the control would be refused anyway).
 """
 
 from __future__ import annotations
@@ -19,11 +27,13 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import transaction
-from django.db.models import Count, Q, QuerySet
+from django.db import connection, transaction
+from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
 
+from audit.models import TransitionEvent
 from config.celery import app
 from runtime import controls
 from runtime.models import BulkOperation, BulkResult, BulkStatus, Outcome
@@ -38,8 +48,6 @@ from tenancy.selectors import roles_by_tenant
 
 log = logging.getLogger(__name__)
 
-SYNC_LIMIT = 200  # up to this many tasks run in the request; more go to a worker
-MAX_TASKS = 10_000  # one operation's ceiling: past it, the operator narrows the filter
 CHUNK = 50  # results settled between two progress updates
 # A runner whose heartbeat is older than this is presumed dead: another may take the operation over.
 RUNNER_TIMEOUT = timedelta(seconds=120)
@@ -48,6 +56,16 @@ OPERATE_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
 # task that runs it again (``tasks.services.task_rerun``), once per task of the operation.
 RERUN = "rerun"
 CONTROLS = (*controls.CONTROLS, RERUN)
+
+
+def sync_limit() -> int:
+    """Up to this many tasks run in the confirming request; more go to a worker (``BULK_SYNC_LIMIT``)."""
+    return int(settings.BULK_SYNC_LIMIT)
+
+
+def max_tasks() -> int:
+    """One operation's ceiling: past it, the operator narrows the filter (``BULK_MAX_TASKS``)."""
+    return int(settings.BULK_MAX_TASKS)
 
 
 class BulkRefused(Exception):
@@ -69,19 +87,18 @@ def bulk_create(
 
     ``tasks`` is already scoped to what ``user`` may see (the caller's selector).
     Refuses (``BulkRefused``) an unknown control, a blank reason, an empty
-    selection or more than ``MAX_TASKS`` tasks. Rings a worker after commit when
-    the operation is larger than ``SYNC_LIMIT``; the caller runs smaller ones.
+    selection or more than ``max_tasks()`` tasks. Rings a worker after commit when
+    the operation is larger than ``sync_limit()``; the caller runs smaller ones.
+    The results are written by one ``INSERT … SELECT`` (each task's id, tenant and
+    version as the statement reads them), so a selection of 233,114 tasks never
+    passes through Python.
     """
     reason = reason.strip()
     if control not in CONTROLS:
         raise BulkRefused(f"No such control: {control}")
     if not reason:
         raise BulkRefused("A reason is required.")
-    rows = list(tasks.order_by("id").values_list("id", "tenant_id", "state_version")[: MAX_TASKS + 1])
-    if not rows:
-        raise BulkRefused("No tasks are selected.")
-    if len(rows) > MAX_TASKS:
-        raise BulkRefused(f"More than {MAX_TASKS} tasks match: narrow the filter.")
+    ceiling = max_tasks()
     with transaction.atomic():
         operation = BulkOperation.objects.create(
             created_by=user,
@@ -92,20 +109,34 @@ def bulk_create(
             scope=scope if control == "cancel" else "",
             escalate_to=escalate_to if control == "escalate" else "",
             selection=selection,
-            total=len(rows),
+            total=0,
         )
-        BulkResult.objects.bulk_create(
-            [
-                BulkResult(
-                    operation=operation, task_id=task_id, tenant_id=tenant_id, expected_version=version
-                )
-                for task_id, tenant_id, version in rows
-            ],
-            batch_size=1000,
-        )
-        if operation.total > SYNC_LIMIT:
+        total = _snapshot(operation, tasks, limit=ceiling + 1)
+        if not total:  # raised inside the transaction: the operation is not kept
+            raise BulkRefused("No tasks are selected.")
+        if total > ceiling:
+            raise BulkRefused(f"More than {ceiling:,} tasks match: narrow the filter.")
+        BulkOperation.objects.filter(pk=operation.pk).update(total=total)
+        operation.total = total
+        if total > sync_limit():
             transaction.on_commit(functools.partial(ring, operation.id))
     return operation
+
+
+def _snapshot(operation: BulkOperation, tasks: QuerySet[Task], *, limit: int) -> int:
+    """One ``pending`` result per task of ``tasks`` (at most ``limit``), at its current version, written
+    by the database from the selection's own query. Returns how many."""
+    chosen = tasks.order_by("id").values("id", "tenant_id", "state_version")[:limit]
+    sql, params = chosen.query.sql_with_params()
+    table = BulkResult._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (operation_id, task_id, tenant_id, expected_version, outcome, detail, "  # noqa: S608
+            f"state_after) SELECT %s, chosen.id, chosen.tenant_id, chosen.state_version, %s, '', '' "
+            f"FROM ({sql}) chosen",
+            [operation.pk.hex if connection.vendor == "sqlite" else operation.pk, Outcome.PENDING, *params],
+        )
+        return int(cursor.rowcount)
 
 
 def ring(operation_id: UUID) -> None:
@@ -135,14 +166,26 @@ def bulk_run(
 
     1. claim it: ``queued``, already ours, or ``running`` under a runner silent for
        ``RUNNER_TIMEOUT`` (it died); otherwise someone else runs it — return;
-    2. take the next ``CHUNK`` pending results (id order) and apply the control to
-       each at its confirmed version, settling each result once;
-    3. recount the results into the progress counters and beat the heartbeat; a
+    2. recount the settled results into the progress counters once (a runner that
+       died may have settled some after its last update);
+    3. take the next ``CHUNK`` pending results (id order) and apply the control to
+       each at its confirmed version, settling each result once; add what this
+       runner settled to the counters and beat the heartbeat (one ``UPDATE``); a
        runner that lost its claim stops here;
     4. repeat until none is pending (``done``) or ``budget`` results were settled.
     Must not run inside a transaction: each control is its own durable commit.
     """
     now = clock()
+    before = BulkOperation.objects.filter(pk=operation_id).values("status", "runner", "heartbeat_at").first()
+    # Our own claim, still fresh: the counters are ours and current. Otherwise another runner (or this
+    # one, before it was interrupted) may have settled results after its last progress update.
+    continuing = bool(
+        before
+        and before["status"] == BulkStatus.RUNNING
+        and before["runner"] == runner
+        and before["heartbeat_at"] is not None
+        and before["heartbeat_at"] >= now - RUNNER_TIMEOUT
+    )
     claimed = (
         BulkOperation.objects.filter(pk=operation_id)
         .filter(
@@ -158,14 +201,20 @@ def bulk_run(
     user = None
     if operation.created_by_id is not None:  # an account deleted since: every task is refused
         user = get_user_model().objects.filter(pk=operation.created_by_id).first()
+    if not continuing and not _recount(operation, runner, now=clock()):
+        operation.refresh_from_db()
+        return operation
     settled = 0
     while budget is None or settled < budget:
         size = CHUNK if budget is None else min(CHUNK, budget - settled)
         chunk = list(operation.results.filter(outcome=Outcome.PENDING).order_by("id")[:size])
+        mine: dict[str, int] = {}
         for result in chunk:
-            _settle(result, _apply(operation, result, user), clock())
+            outcome = _settle(result, _apply(operation, result, user), clock())
+            if outcome:
+                mine[outcome] = mine.get(outcome, 0) + 1
         settled += len(chunk)
-        still_ours = _record_progress(operation, runner, finished=len(chunk) < size, now=clock())
+        still_ours = _record_progress(operation, runner, mine, finished=len(chunk) < size, now=clock())
         if not still_ours or len(chunk) < size:
             break
     operation.refresh_from_db()
@@ -179,7 +228,7 @@ def run_pending(runner: str, *, budget: int = CHUNK * 4) -> int:
         BulkOperation.objects.exclude(status=BulkStatus.DONE)
         .filter(
             # Small operations run in their request: only one whose request died is ours to finish.
-            Q(status=BulkStatus.QUEUED, total__gt=SYNC_LIMIT)
+            Q(status=BulkStatus.QUEUED, total__gt=sync_limit())
             | Q(status=BulkStatus.QUEUED, created_at__lt=now - RUNNER_TIMEOUT)
             | Q(runner=runner)
             | Q(status=BulkStatus.RUNNING, heartbeat_at__lt=now - RUNNER_TIMEOUT)
@@ -220,6 +269,13 @@ def _apply(operation: BulkOperation, result: BulkResult, user: Any) -> _Settled:
             **options,
         )
     except StaleVersion as exc:
+        if _applied_before(operation, result):
+            return _Settled(
+                Outcome.APPLIED,
+                "applied by an earlier runner of this operation, which stopped before recording it",
+                exc.state or "",
+                exc.state_version,
+            )
         return _Settled(
             Outcome.STALE,
             f"changed since confirmed: now {exc.state} v{exc.state_version}, "
@@ -264,29 +320,63 @@ def _rerun(operation: BulkOperation, result: BulkResult, task: Task, user: Any) 
     return _Settled(Outcome.APPLIED if created else Outcome.UNCHANGED, note, task.state, task.state_version)
 
 
-def _settle(result: BulkResult, settled: _Settled, now: datetime) -> None:
-    """Write the result once: a pending row only, so a taken-over operation never rewrites one."""
-    BulkResult.objects.filter(pk=result.pk, outcome=Outcome.PENDING).update(
+def _applied_before(operation: BulkOperation, result: BulkResult) -> bool:
+    """Whether this operation itself moved the task off its confirmed version: a runner that died
+    between the control's commit and ``_settle`` left its transition, whose reason names the operation."""
+    return TransitionEvent.objects.filter(
+        task_id=result.task_id,
+        state_version=result.expected_version + 1,
+        reason=f"{operation.reason} (bulk {operation.id})",
+    ).exists()
+
+
+def _settle(result: BulkResult, settled: _Settled, now: datetime) -> str:
+    """Write the result once: a pending row only, so a taken-over operation never rewrites one.
+    Returns the outcome written, or "" when the row was settled already (by another runner)."""
+    written = BulkResult.objects.filter(pk=result.pk, outcome=Outcome.PENDING).update(
         outcome=settled.outcome,
         detail=settled.detail[:2000],
         state_after=settled.state,
         version_after=settled.version,
         settled_at=now,
     )
+    return str(settled.outcome) if written else ""
 
 
-def _record_progress(operation: BulkOperation, runner: str, *, finished: bool, now: datetime) -> bool:
-    """Counters from the results themselves (one GROUP BY on the operation's index), and the heartbeat."""
+SETTLED = (Outcome.APPLIED, Outcome.UNCHANGED, Outcome.REFUSED, Outcome.STALE)
+
+
+def _counted(operation: BulkOperation) -> dict[str, Any]:
+    """The counters from the results themselves: one GROUP BY on the operation's index."""
     rows = operation.results.values("outcome").annotate(n=Count("id")).order_by()
     counts = {row["outcome"]: row["n"] for row in rows}
-    fields: dict[str, Any] = {
-        outcome.value: counts.get(outcome.value, 0)
-        for outcome in (Outcome.APPLIED, Outcome.UNCHANGED, Outcome.REFUSED, Outcome.STALE)
-    }
+    fields: dict[str, Any] = {outcome.value: counts.get(outcome.value, 0) for outcome in SETTLED}
     fields["done"] = sum(fields.values())
+    return fields
+
+
+def _recount(operation: BulkOperation, runner: str, *, now: datetime) -> bool:
+    """Counters from the results, once per claim; ``False`` when the claim was lost meanwhile."""
+    return bool(
+        BulkOperation.objects.filter(pk=operation.pk, status=BulkStatus.RUNNING, runner=runner).update(
+            **_counted(operation), heartbeat_at=now
+        )
+    )
+
+
+def _record_progress(
+    operation: BulkOperation, runner: str, mine: dict[str, int], *, finished: bool, now: datetime
+) -> bool:
+    """Add the results this runner settled in its last batch to the counters, and beat the heartbeat:
+    one ``UPDATE`` whatever the operation's size. The last batch marks the operation done with the
+    counters recounted from the results (a runner taken over may have settled some after our recount)."""
+    fields: dict[str, Any]
+    if finished:
+        fields = {**_counted(operation), "status": BulkStatus.DONE, "finished_at": now}
+    else:
+        fields = {outcome: F(outcome) + n for outcome, n in mine.items()}
+        fields["done"] = F("done") + sum(mine.values())
     fields["heartbeat_at"] = now
-    if finished or fields["done"] >= operation.total:
-        fields.update(status=BulkStatus.DONE, finished_at=now)
     return bool(
         BulkOperation.objects.filter(pk=operation.pk, status=BulkStatus.RUNNING, runner=runner).update(
             **fields

@@ -329,3 +329,37 @@ class AgentSessionItem(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id}/{self.session_id}#{self.position}"
+
+
+class StateCount(models.Model):
+    """How many tasks a tenant had in a state when ``runtime.rollups.refresh`` last counted them.
+
+    A rollup, not a counter the transitions keep: the beat recounts every ``ROLLUP_INTERVAL`` seconds
+    (one ``GROUP BY`` on the ``(tenant, state)`` index), so the transition path writes nothing more.
+    Readers show the number with its age (``counted_at``).
+    """
+
+    tenant_id = models.IntegerField()  # no foreign key: a recount replaces every row at once
+    state = models.CharField(max_length=24)
+    n = models.BigIntegerField()
+    counted_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant_id", "state"], name="state_count_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"tenant {self.tenant_id} {self.state}: {self.n}"
+
+
+class Reading(models.Model):
+    """A maintained reading kept in the database, so every web process serves the same one without a
+    cold read: the dashboard's gauges (``runtime.rollups.refresh`` writes it with the state counts)."""
+
+    name = models.CharField(max_length=32, primary_key=True)
+    body = models.JSONField()
+    read_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} read at {self.read_at:%H:%M:%S}"

@@ -24,7 +24,7 @@ from celery.worker.request import Request
 from django.conf import settings
 from django.db import DatabaseError
 
-from runtime import alerts, bulk, heartbeats, pushes, reconcile, reconnect, runner, sweep
+from runtime import alerts, bulk, heartbeats, pushes, reconcile, reconnect, rollups, runner, sweep
 from tasks import doorbell, leases, liveness
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,12 @@ def reconcile_unknown() -> int:
 def alerts_scan() -> dict[str, int]:
     """Raise and clear alerts (``runtime.alerts.scan``); a lost tick is made up by the next one."""
     return alerts.scan().as_dict()
+
+
+@shared_task(name="runtime.rollups_refresh")
+def rollups_refresh() -> int | None:
+    """Recount the tasks per tenant and state (``runtime.rollups``); a lost tick is made up by the next."""
+    return rollups.refresh()
 
 
 @shared_task(name="interop.push_deliver")

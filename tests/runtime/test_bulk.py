@@ -113,9 +113,9 @@ def test_the_console_refuses_a_confirmation_without_a_reason(operator, acme):
 
 
 def test_a_large_operation_runs_in_the_worker_with_progress(
-    operator, acme, monkeypatch, django_capture_on_commit_callbacks
+    operator, acme, monkeypatch, settings, django_capture_on_commit_callbacks
 ):
-    monkeypatch.setattr(bulk, "SYNC_LIMIT", 3)
+    settings.BULK_SYNC_LIMIT = 3
     monkeypatch.setattr(bulk, "CHUNK", 2)
     rung: list[str] = []
     monkeypatch.setattr(bulk, "ring", lambda operation_id: rung.append(str(operation_id)))

@@ -3,7 +3,8 @@
 Each round (``runtime.loop``):
 
 1. (with ``--sweep``) end overdue waits and expire late tasks of ``--region``, reconcile its unknown outcomes,
-   and every ``ALERT_SCAN_INTERVAL`` seconds raise and clear alerts (``runtime.alerts``);
+   every ``ALERT_SCAN_INTERVAL`` seconds raise and clear alerts (``runtime.alerts``), and every
+   ``ROLLUP_INTERVAL`` seconds recount the tasks per tenant and state (``runtime.rollups``);
    advance a queued bulk operation (``runtime.bulk``); and, in a thread of its own so a slow receiver
    never holds the tasks up, send the A2A push notifications due every ``A2A_PUSH_INTERVAL`` seconds
    (``runtime.pushes``; inline in the round on SQLite, which takes one writer at a time);
@@ -34,7 +35,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from approvals import services as approvals
 from config import metrics, otel
-from runtime import alerts, bulk, db, pushes, reconcile, sweep
+from runtime import alerts, bulk, db, pushes, reconcile, rollups, sweep
 from runtime.loop import Loop
 from runtime.workers import worker_id
 from tasks import liveness
@@ -97,11 +98,12 @@ class Command(BaseCommand):
             return stopping or bool(max_seconds and time.monotonic() - started > max_seconds)
 
         alerts_every = settings.CELERY_BEAT_SCHEDULE["alerts-scan"]["schedule"]
-        alerts_due = pushes_due = 0.0
+        rollups_every = settings.CELERY_BEAT_SCHEDULE["rollups"]["schedule"]
+        alerts_due = pushes_due = rollups_due = 0.0
         sender = pushes.PushSender(me, should_stop) if with_sweep and pooled else None
 
         def chores() -> int:
-            nonlocal alerts_due, pushes_due
+            nonlocal alerts_due, pushes_due, rollups_due
             if with_sweep and sender is None and time.monotonic() >= pushes_due:
                 pushes.send_due()
                 pushes_due = time.monotonic() + settings.A2A_PUSH_INTERVAL
@@ -114,6 +116,9 @@ class Command(BaseCommand):
                 if time.monotonic() >= alerts_due:  # beat's pace, not every round's
                     alerts.scan()
                     alerts_due = time.monotonic() + alerts_every
+                if time.monotonic() >= rollups_due:
+                    rollups.refresh()
+                    rollups_due = time.monotonic() + rollups_every
             # Large bulk operations (runtime.bulk) advance a budget per round, so tasks are not starved.
             return bulk.run_pending(me)
 
