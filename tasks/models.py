@@ -14,19 +14,37 @@ from django.db.models import F, Q
 from tasks.ids import uuid7
 from tasks.states import ENDED_UNDONE, RUNNABLE, WAITING, State
 
+# The task's optional references, indexed only where set (``Task.Meta.indexes``; migration 0016).
+REFERENCES = ("owner", "api_token", "parent", "rerun_of", "compensates")
+
 
 class Task(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
-    tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.PROTECT, related_name="tasks")
+    # No index of its own on the foreign keys: ``task_tenant_id`` (tenant, -id) serves every lookup by
+    # tenant, and the other references are partial indexes in Meta (a task's row is rewritten by every
+    # transition that changes its state, and each index costs an entry at each of those).
+    tenant = models.ForeignKey(
+        "tenancy.Tenant", on_delete=models.PROTECT, related_name="tasks", db_index=False
+    )
     task_type = models.CharField(max_length=64)
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_index=False,
     )
     region = models.CharField(max_length=32, default="default")
     # The API token the task was started with (None: a console session, a worker, a parent): the money
     # policy's running totals per token (``ledger.money``) read it. A rerun keeps its task's token.
     api_token = models.ForeignKey(
-        "tenancy.ApiToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        "tenancy.ApiToken",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_index=False,
     )
     # Which region may advance the task, as of which ownership: ``manage.py failover`` bumps it, and every
     # worker's commit carries the epoch its lease was claimed at (``tasks.leases``), so a commit from the
@@ -36,17 +54,22 @@ class Task(models.Model):
     # claim the task (mixed-version rollouts; ``tasks.checkpoints.READABLE``).
     checkpoint_schema = models.PositiveSmallIntegerField(default=2, db_default=2)
     parent = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children"
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children", db_index=False
     )
     # The failed, expired or canceled task this one reruns (tasks.services.task_rerun). That
     # task is never rewritten; its reruns are found through this column's FK index.
     rerun_of = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="reruns"
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="reruns", db_index=False
     )
     # For a compensation run (tasks.compensation): the action of its canceled ``rerun_of`` task that
     # it undoes. One run at a time per action, and none once one completed (the constraint below).
     compensates = models.ForeignKey(
-        "ledger.Action", null=True, blank=True, on_delete=models.PROTECT, related_name="compensation_runs"
+        "ledger.Action",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="compensation_runs",
+        db_index=False,
     )
 
     state = models.CharField(max_length=24, choices=State.choices, default=State.READY)
@@ -137,6 +160,12 @@ class Task(models.Model):
                 fields=["wait_deadline"],
                 condition=Q(wait_deadline__isnull=False),
                 name="task_wait_deadline",
+            ),
+            # The references, for the rows that have one (most have none: a NULL entry per task and
+            # per state change would be written for nothing). ``x = value`` lookups use them.
+            *(
+                models.Index(fields=[name], condition=Q(**{f"{name}__isnull": False}), name=f"task_{name}")
+                for name in REFERENCES
             ),
         ]
 
