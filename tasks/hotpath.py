@@ -6,17 +6,10 @@ client CPU than PostgreSQL spent executing them (``bench/transitions.py``).
 Here the SQL is built once from the models' own metadata, and every value
 still passes through its field's database conversion in both directions, so
 the statements cannot drift from the models.
-
-On PostgreSQL without a transaction pooler (``DATABASE_POOLER=none``) they also run prepared: bound
-on the server and parsed and planned once per database session (``_cursor``), where the ORM's
-client-side binding has PostgreSQL parse and plan every statement anew. Behind a transaction pooler
-a prepared statement would be unknown to the next transaction's session, so there they run through
-the connection's own cursor, as every other statement does.
 """
 
 from __future__ import annotations
 
-import functools
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +17,6 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import ForeignObjectRel, QuerySet
@@ -46,78 +38,6 @@ def _prepared() -> dict[Any, Any]:
     return found
 
 
-def prepares(connection: BaseDatabaseWrapper | None = None) -> bool:
-    """Whether the compiled statements run prepared on this connection (PostgreSQL, no transaction pooler)."""
-    connection = connection or _connection()
-    return connection.vendor == "postgresql" and settings.DATABASE_POOLER == "none"
-
-
-def _cursor(connection: BaseDatabaseWrapper) -> Any:
-    """A cursor for the compiled statements: prepared where ``prepares``, else the connection's own.
-
-    The prepared one binds on the server (psycopg's ``Cursor``, Django's ``ServerBindingCursor``) on the
-    connection's session, with the session's ``prepare_threshold`` at 0: each statement text is prepared
-    on its first run and executed by name after that (psycopg keeps the names per session, the newest
-    ``prepared_max`` of them). Only this module's cursors bind on the server, so no other statement is
-    prepared (client-side binding never prepares). It is wrapped as ``connection.cursor()`` would be:
-    query logging, execute wrappers and error translation stay the same.
-    """
-    if not prepares(connection):
-        return connection.cursor()
-    from django.db.backends.postgresql.base import ServerBindingCursor  # PostgreSQL only (psycopg 3)
-    from django.db.backends.postgresql.psycopg_any import register_tzloader
-    from psycopg.pq import Format
-
-    connection.ensure_connection()
-    with connection.wrap_database_errors:
-        raw = connection.connection
-        if raw.prepare_threshold != 0:
-            raw.prepare_threshold = 0
-        cursor = _prepared_cursor_class(ServerBindingCursor)(raw)
-        # As Django's ``create_cursor``: timestamps read in the connection's time zone.
-        tzloader = raw.adapters.get_loader(_TIMESTAMPTZ_OID, Format.TEXT)
-        if connection.timezone != getattr(tzloader, "timezone", None):
-            register_tzloader(connection.timezone, cursor)
-        return connection._prepare_cursor(cursor)  # type: ignore[attr-defined]
-
-
-@functools.cache
-def _prepared_cursor_class(base: type[Any]) -> type[Any]:
-    """``base`` (Django's server-binding cursor) telling Django's query log what it ran.
-
-    The log (``connection.queries``, ``CaptureQueriesContext``, ``django.db.backends`` at DEBUG) reads
-    the statement from ``cursor._query.query``, which only a client-binding cursor fills: here it is
-    the statement with its values composed in, as the client-binding cursor would have sent it,
-    composed only when read.
-    """
-
-    class Statement:
-        def __init__(self, connection: Any, sql: str, params: Any) -> None:
-            self._composed = (connection, sql, params)
-
-        @property
-        def query(self) -> bytes:
-            from psycopg import ClientCursor
-
-            connection, sql, params = self._composed
-            return ClientCursor(connection).mogrify(sql, params).encode()
-
-    class PreparedCursor(base):  # type: ignore[misc]
-        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
-            self.__dict__["statement"] = Statement(self.connection, query, params)
-            return super().execute(query, params, **kwargs)
-
-        @property
-        def _query(self) -> Any:
-            return self.__dict__.get("statement")
-
-        @_query.setter
-        def _query(self, value: Any) -> None:
-            pass  # psycopg resets it (to None) as each execution starts: the statement is set above
-
-    return PreparedCursor
-
-
 def _column(model: type[models.Model], name: str) -> str:
     return _quoted(_connection(), model._meta.get_field(name))
 
@@ -137,7 +57,6 @@ def _quoted(connection: BaseDatabaseWrapper, field: models.Field[Any, Any] | For
 
 
 _SENTINEL = UUID(int=0)
-_TIMESTAMPTZ_OID = 1184
 
 
 def load(key: str, build: Callable[[UUID], QuerySet[Any]], task_id: UUID | str) -> Any:
@@ -171,7 +90,7 @@ def load(key: str, build: Callable[[UUID], QuerySet[Any]], task_id: UUID | str) 
     params = list(params)
     for slot in slots:
         params[slot] = value
-    with _cursor(connection) as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     if row is None:
@@ -251,7 +170,7 @@ def compare_and_set(
         params += _answer_params(connection, close)
     if release and lease is not None:
         params.append(lease[0])
-    with _cursor(connection) as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(sql, params)
         if close is not None or release:
             (moved,) = cursor.fetchone()
@@ -326,5 +245,5 @@ def insert(obj: models.Model) -> None:
         prepared[key] = (f"INSERT INTO {table} ({columns}) VALUES ({placeholders})", fields)
     sql, fields = prepared[key]
     params = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
-    with _cursor(connection) as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(sql, params)

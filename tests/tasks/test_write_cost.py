@@ -1,4 +1,4 @@
-"""What a transition costs PostgreSQL: index entries per write, and statements planned once.
+"""What a transition costs PostgreSQL: the index entries of each write.
 
 - A step commit (the state, its entry time and its reason unchanged) changes no indexed column, so it
   is a HOT update: no index of ``tasks_task`` gets an entry. Counted with PostgreSQL's own
@@ -6,18 +6,13 @@
   step writes (``updated_at``, ``audit_head``, ``state_version``) fails here.
 - The references are indexed only where set (migration 0016), and lookups by them still use those
   indexes; ``tasks_task`` keeps room on its pages for HOT updates (``fillfactor``).
-- The hot path's statements run prepared on a direct connection, and through the connection's own
-  client-binding cursor behind a transaction pooler, where a prepared statement would be lost.
 """
 
 from __future__ import annotations
 
 import pytest
 from django.db import connection
-from django.test import override_settings
-from django.test.utils import CaptureQueriesContext
 
-from tasks import hotpath
 from tasks.models import REFERENCES, Task
 from tasks.states import State
 from tasks.transitions import Actor, advance
@@ -86,36 +81,3 @@ def test_a_lookup_by_a_reference_uses_its_partial_index(acme, name):
 def test_a_lookup_by_tenant_uses_the_tenant_and_id_index(acme):
     plan = _plan("SELECT id FROM tasks_task WHERE tenant_id = %s", [acme.pk])
     assert "task_tenant_" in plan, plan
-
-
-def test_the_hot_path_runs_prepared_on_a_direct_connection_and_still_logs_its_statements(acme):
-    task = make_task(acme)
-    with CaptureQueriesContext(connection) as captured:
-        for _ in range(2):
-            assert hotpath.load_task(task.id) == task
-    assert all(str(task.id.hex) in q["sql"] or str(task.id) in q["sql"] for q in captured.captured_queries)
-    assert [q["sql"].startswith('SELECT "tasks_task"."id"') for q in captured.captured_queries] == [
-        True,
-        True,
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s", ['%"tasks_task"%$1%']
-        )
-        prepared = [line for (line,) in cursor.fetchall()]
-    assert any(line.startswith('SELECT "tasks_task"."id"') for line in prepared), prepared
-
-
-@override_settings(DATABASE_POOLER="transaction")
-def test_behind_a_transaction_pooler_the_hot_path_prepares_nothing(acme):
-    with connection.cursor() as cursor:
-        cursor.execute("DEALLOCATE ALL")  # this session's earlier tests prepared some
-    connection.connection._prepared.clear()  # and psycopg forgets it had
-    task = make_task(acme)
-    assert not hotpath.prepares()
-    assert hotpath.load_task(task.id) == task
-    advance(task.id, 1, State.READY, actor=Actor.worker("w1"), progress=progress("look_up"))
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
-        (count,) = cursor.fetchone()
-    assert count == 0
