@@ -144,6 +144,11 @@ dsn.pooled(DATABASES["default"], DATABASE_POOLER)
 # A direct PostgreSQL URL, never through a transaction pooler, for the workers' liveness locks alone
 # (tasks/liveness.py): a session-level lock must live on a session of its own. Empty: DATABASE_URL.
 DATABASE_LIVENESS = dsn.liveness_settings(env, env.str("DATABASE_LIVENESS_URL", default=""))
+# A partitioned peer given up on within seconds, not the kernel's minutes or hours: by our end always, by
+# the server's too where nothing pools in between (config/dsn.py, detect_dead_peers).
+dsn.detect_dead_peers(DATABASES["default"], server=DATABASE_POOLER == "none")
+if DATABASE_LIVENESS is not None:
+    dsn.detect_dead_peers(DATABASE_LIVENESS, server=True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTHENTICATION_BACKENDS = [
