@@ -17,7 +17,7 @@ PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check --require-
 PIP_TOOLS ?= pip-tools==7.6.2
 LOCK_VENV ?= var/pip-tools
 
-.PHONY: install install-dev demo demo-code prod-check test soak-tests chaos failover cluster-test pgbouncer-test bench-cluster bench bench-e2e bench-leases bench-approvals bench-console bench-agents bench-a2a bench-all lint locks docs demo-reset
+.PHONY: install install-dev demo demo-code prod-check test soak-tests chaos failover cluster-test pgbouncer-test partition-test bench-cluster bench bench-e2e bench-leases bench-approvals bench-console bench-agents bench-a2a bench-all lint locks docs demo-reset
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -94,6 +94,13 @@ pgbouncer-test: install-dev
 	scripts/ensure-cluster-packages
 	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/python -m tests.cluster.pgbouncer -- \
 		$(BIN)/pytest -n 2 -p tests.cluster.behind_pgbouncer $(PGBOUNCER_TESTS) $(PYTEST_ARGS)
+
+# Worker hosts cut off from the database (tests/cluster/test_partition.py): network namespaces on veth
+# links, the cut an iptables rule, a private PostgreSQL; root only (the tests skip otherwise). Also in
+# make cluster-test. The throughput against added round-trip time: tests/cluster/rtt_bench.py (root).
+partition-test: install-dev
+	scripts/ensure-partition-packages
+	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 0 -m cluster tests/cluster/test_partition.py $(PYTEST_ARGS)
 
 # What that failover costs (bench/cluster.py, the same scenario once at size): seconds without writes,
 # tasks stranded and until all move again, tasks/s before, during and after. JSON in bench/results/.

@@ -32,6 +32,19 @@ liveness lock (``tasks.liveness``), needs a session of its own straight to
 PostgreSQL: ``DATABASE_LIVENESS_URL`` (``liveness_settings``); with the pooler
 in transaction mode and liveness on, start-up refuses to go on without it
 (``require_direct_liveness``).
+
+A peer that vanishes without closing its sockets (a network partition, a host
+powered off) is invisible to TCP until it tries to send: without help a query
+sent into a partition waits the kernel's retransmissions out (about 15 minutes),
+and a server session whose client is gone stays — with its locks, the worker's
+liveness lock among them — until the server's keepalives notice, two hours by
+the operating system's defaults. ``detect_dead_peers`` bounds both on every
+PostgreSQL connection: libpq's keepalives and ``tcp_user_timeout`` on our end
+(``DEAD_PEER``), and, where the connection goes straight to PostgreSQL, the
+same asked of the server for the session (``SERVER_DEAD_PEER``, through the
+``options`` startup parameter; a transaction pooler would refuse it, so not
+through one): a partitioned worker's sessions end, and its locks go, within
+``DEAD_PEER_SECONDS``.
 """
 
 from __future__ import annotations
@@ -47,6 +60,13 @@ DEFAULT_PORT = "5432"
 POOLERS = ("none", "transaction")  # DATABASE_POOLER: what sits between the app and PostgreSQL
 SESSION_ATTRS = {"any", "read-write", "read-only", "primary", "standby", "prefer-standby"}
 CONNECT_TIMEOUT = 5  # seconds per host
+# Keepalive probes after 5 s of silence, every 2 s, 3 unanswered: a dead peer is given up after 11 s;
+# data left unacknowledged 15 s (tcp_user_timeout, in ms) ends the connection too. Both ends alike.
+DEAD_PEER = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+             "tcp_user_timeout": 15_000}  # fmt: skip
+SERVER_DEAD_PEER = {"tcp_keepalives_idle": 5, "tcp_keepalives_interval": 2, "tcp_keepalives_count": 3,
+                    "tcp_user_timeout": 15_000}  # fmt: skip
+DEAD_PEER_SECONDS = 15  # the longer of the two bounds above
 
 
 def _host_and_port(entry: str, url: str) -> tuple[str, str]:
@@ -114,6 +134,23 @@ def pooled(config: dict[str, Any], pooler: str) -> dict[str, Any]:
         )
     options["prepare_threshold"] = None
     config["DISABLE_SERVER_SIDE_CURSORS"] = True
+    return config
+
+
+def detect_dead_peers(config: dict[str, Any], *, server: bool) -> dict[str, Any]:
+    """``config`` (a ``DATABASES`` entry or ``liveness_settings``) told to give up on a vanished peer, in
+    place (see the module's docstring): ``DEAD_PEER`` for our end, and with ``server`` (a connection
+    straight to PostgreSQL, no pooler) ``SERVER_DEAD_PEER`` for the server's. A value the URL already
+    sets is kept. Not PostgreSQL: unchanged."""
+    if config.get("ENGINE", "django.db.backends.postgresql") != "django.db.backends.postgresql":
+        return config
+    options = config.setdefault("OPTIONS", {})
+    for name, value in DEAD_PEER.items():
+        options.setdefault(name, value)
+    if server:
+        given = str(options.get("options", ""))
+        asked = [f"-c {name}={value}" for name, value in SERVER_DEAD_PEER.items() if name not in given]
+        options["options"] = " ".join([given, *asked]).strip()
     return config
 
 

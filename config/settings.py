@@ -148,6 +148,11 @@ dsn.pooled(DATABASES["default"], DATABASE_POOLER)
 # A direct PostgreSQL URL, never through a transaction pooler, for the workers' liveness locks alone
 # (tasks/liveness.py): a session-level lock must live on a session of its own. Empty: DATABASE_URL.
 DATABASE_LIVENESS = dsn.liveness_settings(env, env.str("DATABASE_LIVENESS_URL", default=""))
+# A partitioned peer given up on within seconds, not the kernel's minutes or hours: by our end always, by
+# the server's too where nothing pools in between (config/dsn.py, detect_dead_peers).
+dsn.detect_dead_peers(DATABASES["default"], server=DATABASE_POOLER == "none")
+if DATABASE_LIVENESS is not None:
+    dsn.detect_dead_peers(DATABASE_LIVENESS, server=True)
 # A streaming standby of the primary for the read-only pages of the console and the API (config/db_router.py):
 # they read it while it has replayed the caller's last write and lags at most DATABASE_REPLICA_MAX_LAG
 # seconds, else the primary. Empty: everything reads the primary. Workers, transitions and decisions never
@@ -164,6 +169,7 @@ if DATABASE_REPLICA_URL:
         DATABASE_REPLICA_URL,
     )
     dsn.pooled(DATABASES["replica"], DATABASE_POOLER)
+    dsn.detect_dead_peers(DATABASES["replica"], server=DATABASE_POOLER == "none")
     DATABASE_ROUTERS = ["config.db_router.ReplicaRouter"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
