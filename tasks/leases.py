@@ -291,7 +291,7 @@ def _claim_statement(
     task_id: UUID | None = None,
     began: int | None = None,
 ) -> list[Held]:
-    """The claim in one statement (PostgreSQL, ``_CLAIM_SQL``), in autocommit: one round trip.
+    """The claim in one statement (PostgreSQL, ``_build_claim_sql``), in autocommit: one round trip.
 
     The statement locks up to ``limit`` candidates (``FOR UPDATE SKIP LOCKED``, oldest first), inserts
     the lease rows they lack, moves on by one token the lease rows that are free to take without a
