@@ -28,6 +28,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from django.db import connection, transaction
@@ -40,7 +41,7 @@ from audit.chain import GENESIS, takeover_hash
 from audit.keys import current_chain_key
 from audit.models import LeaseTakeover
 from tasks import checkpoints, liveness, metrics
-from tasks.models import Lease, Task
+from tasks.models import CancelRequest, Lease, Task
 from tasks.states import RUNNABLE
 
 DEFAULT_TTL = timedelta(seconds=30)
@@ -59,6 +60,11 @@ class Held:
     # region the task failed over from cannot commit (``StaleEpoch``).
     epoch: int = 1
     region: str = field(default="", compare=False)  # the region it was claimed in, for refusals to name
+    # Read by the one-statement claim (PostgreSQL) under the claim's row lock, so the runner need not
+    # read them again: the task row as claimed, and whether a cancel request of it was open then.
+    # None: not read (the claim by id, the ORM claim, a takeover).
+    task: Task | None = field(default=None, compare=False, repr=False)
+    cancel_open: bool | None = field(default=None, compare=False)
 
 
 def _holder_alive() -> Q:
@@ -200,25 +206,10 @@ def claim(task_id: UUID | str, *, worker_id: str, region: str, ttl: timedelta = 
     if _refused(worker_id):
         return None
     with tracer.start_as_current_span("lease.claim", attributes={"durable.task.id": str(task_id)}) as span:
-        with transaction.atomic(durable=True):
-            task = (
-                Task.objects.select_for_update(skip_locked=True, of=("self",))
-                .filter(
-                    pk=task_id,
-                    state__in=RUNNABLE,
-                    region=region,
-                    # Written by a newer deployment: its workers run it, ours would only have to let go.
-                    checkpoint_schema__lte=checkpoints.CURRENT_SCHEMA,
-                )
-                .annotate(database_now=Now())  # the claim's time, from the database's clock
-                .only("id", "ownership_epoch")
-                .first()
-            )
-            held = (
-                _take({task.id: task.ownership_epoch}, worker_id, task.database_now, ttl, region)
-                if task is not None
-                else []
-            )
+        if in_one_statement():
+            held = _claim_statement(worker_id, region, 1, ttl, task_id=Task._meta.pk.to_python(task_id))
+        else:
+            held = _claim_orm(worker_id, region, 1, ttl, ids=[task_id])
         _claimed(span, worker_id, region, held)
     return held[0] if held else None
 
@@ -227,15 +218,44 @@ def claim_next(*, worker_id: str, region: str, limit: int = 1, ttl: timedelta = 
     """Claim up to ``limit`` runnable tasks of ``region`` without a live lease, oldest first.
 
     Refuses ([]) while this process's clock is too far off the database's (``liveness.claims_refused``).
+    On PostgreSQL one statement (``_claim_statement``), elsewhere a transaction of a few (``_claim_orm``).
     """
     if _refused(worker_id):
         return []
     began = time.time_ns()
+    if in_one_statement():
+        return _claim_statement(worker_id, region, limit, ttl, began=began)
+    return _claim_orm(worker_id, region, limit, ttl, began=began)
+
+
+def in_one_statement() -> bool:
+    """Whether claims are one statement here (PostgreSQL: data-modifying CTEs, ``SKIP LOCKED``)."""
+    return connection.vendor == "postgresql"
+
+
+def _claim_orm(
+    worker_id: str,
+    region: str,
+    limit: int,
+    ttl: timedelta,
+    *,
+    ids: Collection[UUID | str] | None = None,
+    began: int | None = None,
+) -> list[Held]:
+    """The claim as a transaction of a few ORM statements: SQLite (the demo), and on PostgreSQL the
+    takeovers the one statement leaves to it. ``ids``: only among these tasks. ``began``: open the
+    claim's span (from then) when there were candidates; without it the caller has one open."""
     with transaction.atomic(durable=True):
+        runnable = Task.objects.select_for_update(skip_locked=True, of=("self",)).filter(
+            # Written by a newer deployment: its workers run it, ours would only have to let go.
+            state__in=RUNNABLE,
+            region=region,
+            checkpoint_schema__lte=checkpoints.CURRENT_SCHEMA,
+        )
+        if ids is not None:
+            runnable = runnable.filter(pk__in=list(ids))
         candidates = list(
-            Task.objects.select_for_update(skip_locked=True, of=("self",))
-            .filter(state__in=RUNNABLE, region=region, checkpoint_schema__lte=checkpoints.CURRENT_SCHEMA)
-            .exclude(live_lease_exists())
+            runnable.exclude(live_lease_exists())
             .annotate(database_now=Now())  # the claim's time, from the database's clock: the lapses use it
             .order_by("state_entered_at")
             .values_list("id", "ownership_epoch", "database_now")[:limit]
@@ -243,11 +263,202 @@ def claim_next(*, worker_id: str, region: str, limit: int = 1, ttl: timedelta = 
         if not candidates:
             return []  # no span: an idle worker asks twice a second, and nothing happened
         now = candidates[0][2]
+        epochs = {task_id: epoch for task_id, epoch, _ in candidates}
+        if began is None:
+            return _take(epochs, worker_id, now, ttl, region)
         # The span starts where the claim did (the query above is part of it).
         with tracer.start_as_current_span("lease.claim", start_time=began) as span:
-            held = _take({task_id: epoch for task_id, epoch, _ in candidates}, worker_id, now, ttl, region)
+            held = _take(epochs, worker_id, now, ttl, region)
             _claimed(span, worker_id, region, held)
         return held
+
+
+@dataclass
+class _Previous:
+    """What a lease moved on by the one-statement claim was before (for ``metrics.leases_taken``)."""
+
+    worker_id: str
+    heartbeat_at: datetime
+    expires_at: datetime
+
+
+def _claim_statement(
+    worker_id: str,
+    region: str,
+    limit: int,
+    ttl: timedelta,
+    *,
+    task_id: UUID | None = None,
+    began: int | None = None,
+) -> list[Held]:
+    """The claim in one statement (PostgreSQL, ``_build_claim_sql``), in autocommit: one round trip.
+
+    The statement locks up to ``limit`` candidates (``FOR UPDATE SKIP LOCKED``, oldest first), inserts
+    the lease rows they lack, moves on by one token the lease rows that are free to take without a
+    takeover record (lapsed or holder gone, and given up by its holder or held by this worker), and
+    returns each candidate's task row, new token and whether a cancel request is open. A candidate
+    whose lease lapsed in another worker's hands is not taken by it: such a claim writes a chained
+    ``LeaseTakeover`` (an HMAC computed here, ``_chain``) in the claim's transaction, so those few go
+    through ``_claim_orm`` after it, under a row lock taken anew.
+    """
+    rows = _run_claim(worker_id, region, limit, ttl, task_id)
+    if not rows:
+        return []  # no span: an idle worker asks twice a second, and nothing happened
+    held: list[Held] = []
+    taken: list[_Previous] = []
+    takeovers: list[UUID] = []
+    for task, token, previous, cancel_open, takeover, _ in rows:
+        if token is not None:
+            held.append(Held(task.id, worker_id, token, task.ownership_epoch, region, task, cancel_open))
+            if previous is not None:
+                taken.append(previous)
+        elif takeover:
+            takeovers.append(task.id)
+    now = rows[0][5]  # the statement's time, by the database's clock
+    if taken:
+        # Lapses counted (in autocommit the statement has committed: at once).
+        transaction.on_commit(functools.partial(metrics.leases_taken, taken, worker_id, now))
+    if began is None:  # claim(): its caller's span covers it
+        return held + (_claim_orm(worker_id, region, len(takeovers), ttl, ids=takeovers) if takeovers else [])
+    with tracer.start_as_current_span("lease.claim", start_time=began) as span:
+        if takeovers:
+            held += _claim_orm(worker_id, region, len(takeovers), ttl, ids=takeovers)
+        _claimed(span, worker_id, region, held)
+    return held
+
+
+# The task as claimed, its new token (None: not taken), what its lease was before if moved, whether a
+# cancel request is open, whether it waits for a takeover, and the statement's time.
+_ClaimRow = tuple[Task, int | None, _Previous | None, bool, bool, datetime]
+
+
+def _run_claim(
+    worker_id: str, region: str, limit: int, ttl: timedelta, task_id: UUID | None
+) -> list[_ClaimRow]:
+    sql, compiler, converters, names = _claim_statement_for(liveness.supported(), by_id=task_id is not None)
+    params: dict[str, Any] = {
+        "states": sorted(RUNNABLE),
+        "region": region,
+        "schema": checkpoints.CURRENT_SCHEMA,
+        "limit": limit,
+        "worker": worker_id,
+        "ttl": ttl,
+        "key": liveness.key(),
+        "pending": CancelRequest.Status.PENDING.value,
+        "task": task_id,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found = cursor.fetchall()
+    width = len(names)
+    rows: list[_ClaimRow] = []
+    for raw in found:
+        values = next(compiler.apply_converters([raw[:width]], converters)) if converters else raw[:width]
+        task = Task.from_db(connection.alias, names, values)
+        token, previous_worker, previous_beat, previous_expiry, cancel_open, takeover, now = raw[width:]
+        previous = _Previous(previous_worker, previous_beat, previous_expiry) if previous_worker else None
+        rows.append((task, token, previous, bool(cancel_open), bool(takeover), now))
+    return rows
+
+
+_statements: dict[tuple[str, bool, bool], tuple[str, Any, Any, list[str]]] = {}
+
+
+def _claim_statement_for(gone_check: bool, *, by_id: bool) -> tuple[str, Any, Any, list[str]]:
+    """The claim statement (built once per process and variant from the models' metadata) with what
+    turns its task columns into a ``Task`` as the ORM would (compiler, converters, attribute names)."""
+    key = (connection.vendor, gone_check, by_id)
+    if key not in _statements:
+        # Not the takeover head: an ordinary claim neither reads nor writes the takeover chain (a
+        # ``Task`` built from these columns has it deferred).
+        compiler = Task.objects.defer("takeover_head").query.get_compiler(connection=connection)
+        compiler.setup_query()
+        fields = [column.target for column, _, _ in compiler.select]
+        converters = compiler.get_converters([column for column, _, _ in compiler.select])
+        _statements[key] = (
+            _build_claim_sql(fields, gone_check=gone_check, by_id=by_id),
+            compiler,
+            converters,
+            [field.attname for field in fields],
+        )
+    return _statements[key]
+
+
+def _build_claim_sql(fields: list[Any], *, gone_check: bool, by_id: bool) -> str:
+    """The one-statement claim, in SQL. Its parts, each a CTE:
+
+    ``candidates``  the oldest runnable tasks of the region (or the one asked for) without a live
+                    lease, locked ``FOR UPDATE OF t SKIP LOCKED``: concurrent claimers never wait on
+                    each other and never lock the same task (the no-double-claim property).
+    ``previous``    their lease rows free to take without a takeover record, locked ``FOR UPDATE``
+                    (a holder's heartbeat waits, then finds the token moved on); a row a heartbeat
+                    extended meanwhile is re-checked at its newest version and left alone. Its
+                    columns are what the lease was before, for the metrics.
+    ``moved``       those rows moved to the next token (exactly one on: the row is locked).
+    ``fresh``       the lease rows the candidates had none of, at token 1 (``ON CONFLICT DO
+                    NOTHING``: one another claimer inserted since this statement's snapshot is its).
+
+    Free to take: lapsed by the database's clock (``STATEMENT_TIMESTAMP()``, as ``Now()``), or
+    its holder's liveness lock is gone (``gone_check``: ``tasks.liveness``); never a live lease of a
+    live holder. A candidate left untaken because its lease lapsed in another worker's hands comes
+    back with ``takeover`` set (``_claim_statement`` takes those with their takeover records).
+    """
+    q = connection.ops.quote_name
+
+    def col(model: Any, name: str) -> str:
+        return str(q(model._meta.get_field(name).column))
+
+    task, lease = q(Task._meta.db_table), q(Lease._meta.db_table)
+    cancels = q(CancelRequest._meta.db_table)
+    t_id, l_task, holder = col(Task, "id"), col(Lease, "task"), col(Lease, "holder_key")
+    token, owner, beat = col(Lease, "token"), col(Lease, "worker_id"), col(Lease, "heartbeat_at")
+    expires, status = col(Lease, "expires_at"), col(CancelRequest, "status")
+    now = "STATEMENT_TIMESTAMP()"
+    alive = f"(l.{holder} IS NULL OR l.{holder} IN ({liveness.HELD_KEYS_SQL}))" if gone_check else "TRUE"
+    free = f"(l.{expires} <= {now} OR NOT {alive})"
+    columns = ", ".join(f"t.{q(field.column)}" for field in fields)
+    returned = ", ".join(f"c.{q(field.column)}" for field in fields)
+    which = f"t.{t_id} = %(task)s" if by_id else "TRUE"
+    return f"""
+WITH candidates AS MATERIALIZED (
+    SELECT {columns} FROM {task} t
+    WHERE {which} AND t.{col(Task, "state")} = ANY(%(states)s) AND t.{col(Task, "region")} = %(region)s
+      AND t.{col(Task, "checkpoint_schema")} <= %(schema)s
+      AND NOT EXISTS (
+          SELECT 1 FROM {lease} l WHERE l.{l_task} = t.{t_id} AND l.{expires} > {now} AND {alive})
+    ORDER BY t.{col(Task, "state_entered_at")}
+    LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+), previous AS MATERIALIZED (
+    SELECT l.{l_task}, l.{owner}, l.{beat}, l.{expires}
+    FROM {lease} l JOIN candidates c ON c.{t_id} = l.{l_task}
+    WHERE {free} AND (l.{owner} = %(worker)s OR l.{beat} >= l.{expires})
+    FOR UPDATE OF l
+), moved AS (
+    UPDATE {lease} l SET {token} = l.{token} + 1, {owner} = %(worker)s, {col(Lease, "acquired_at")} = {now},
+        {beat} = {now}, {expires} = {now} + %(ttl)s, {holder} = %(key)s
+    FROM previous p WHERE l.{l_task} = p.{l_task}
+    RETURNING l.{l_task}, l.{token}
+), fresh AS (
+    INSERT INTO {lease} ({l_task}, {owner}, {token}, {col(Lease, "acquired_at")}, {beat}, {expires}, {holder})
+    SELECT c.{t_id}, %(worker)s, 1, {now}, {now}, {now} + %(ttl)s, %(key)s FROM candidates c
+    WHERE NOT EXISTS (SELECT 1 FROM {lease} l WHERE l.{l_task} = c.{t_id})
+    ON CONFLICT ({l_task}) DO NOTHING
+    RETURNING {l_task}, {token}
+)
+SELECT {returned}, COALESCE(m.{token}, f.{token}), p.{owner}, p.{beat}, p.{expires},
+    EXISTS (SELECT 1 FROM {cancels} r
+            WHERE r.{col(CancelRequest, "task")} = c.{t_id} AND r.{status} = %(pending)s),
+    m.{l_task} IS NULL AND f.{l_task} IS NULL AND EXISTS (
+        SELECT 1 FROM {lease} l WHERE l.{l_task} = c.{t_id} AND {free}
+          AND l.{owner} <> %(worker)s AND l.{beat} < l.{expires}),
+    {now}
+FROM candidates c
+LEFT JOIN moved m ON m.{l_task} = c.{t_id}
+LEFT JOIN fresh f ON f.{l_task} = c.{t_id}
+LEFT JOIN previous p ON p.{l_task} = c.{t_id}
+ORDER BY c.{col(Task, "state_entered_at")}
+"""
 
 
 def fence(lease: Held, *, live: bool = True, at_version: int | None = None) -> Exists:
