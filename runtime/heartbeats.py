@@ -83,6 +83,8 @@ class Heartbeats:
         with self._lock:
             self._held[lease.task_id] = lease
             signal = self._signals[lease.task_id] = CancelSignal()
+            if lease.cancel_open is False:  # the claim read none open: no read before the first step (a
+                signal.asked.clear()  # request made since is found by the next beat, as while held)
             return signal
 
     def drop(self, lease: leases.Held) -> None:

@@ -151,7 +151,7 @@ def test_a_run_that_ends_issues_no_statement_after_its_end(acme):
     print(f"\none_turn run (no heartbeat thread): {len(sql)} statements besides BEGIN/COMMIT")
     assert sum(s.startswith("WITH moved AS") for s in sql) == 1  # the end; the step before stays plain
     assert not sql[-1].startswith("UPDATE")  # nothing after the end's transaction
-    assert len(sql) == 18
+    assert len(sql) == 16  # 18 before the claim became one statement
 
 
 def test_a_slot_with_the_heartbeat_thread_stops_beating_before_its_end_gives_the_lease_up(acme, monkeypatch):

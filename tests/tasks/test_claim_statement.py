@@ -325,3 +325,17 @@ def test_a_lease_extended_while_the_claim_waits_for_its_row_is_not_taken(acme, w
     assert result == [[]]
     lease = Lease.objects.get(task=task)
     assert (lease.worker_id, lease.token) == (owner, 1) and not LeaseTakeover.objects.exists()
+
+
+def test_a_slot_reads_cancel_requests_before_its_first_step_only_when_the_claim_saw_one(acme):
+    from runtime.heartbeats import Heartbeats
+
+    quiet, asked = make_task(acme), make_task(acme)
+    cancellation.request_scoped(asked, CancelScope.MODEL_TURN, actor=Actor.system("tests"), reason="stop it")
+    held = {h.task_id: h for h in claim_next("w1", limit=2)}
+    beats = Heartbeats(timedelta(seconds=30))
+
+    assert not beats.hold(held[quiet.id]).asked.is_set()  # the claim read none: nothing to read again
+    assert beats.hold(held[asked.id]).asked.is_set()
+    unknown = leases.Held(quiet.id, "w1", held[quiet.id].token)  # an ORM claim, a takeover: not read
+    assert beats.hold(unknown).asked.is_set()
