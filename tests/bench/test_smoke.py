@@ -20,6 +20,7 @@ import sys
 
 import pytest
 
+from bench.common import with_dbname
 from tests.workflow import ROOT, database_url
 
 # No django_db: each run makes its own database on the test server (database_url() only names it),
@@ -27,9 +28,14 @@ from tests.workflow import ROOT, database_url
 pytestmark = [pytest.mark.timeout(180)]
 
 
+def server_url() -> str:
+    """The test server, through its maintenance database: no test database is made for these tests."""
+    return with_dbname(database_url(), "postgres")
+
+
 def run_bench(script: str, *args: str, saves: bool = True, timeout: float = 170) -> str:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "solo")
-    env = {**os.environ, "DATABASE_URL": database_url()}
+    env = {**os.environ, "DATABASE_URL": server_url()}
     database = f"smoke_{script.split('.')[0]}_{worker}"
     done = subprocess.run(
         [sys.executable, f"bench/{script}", "--database", database, *(["--no-save"] if saves else []), *args],
@@ -114,7 +120,7 @@ def test_the_a2a_benchmark_runs_both_surfaces_on_the_same_workers_and_gives_the_
 @pytest.mark.slow  # every benchmark above again, in sequence (~3.5 min): make soak-tests runs it
 @pytest.mark.timeout(330)
 def test_the_whole_benchmark_entry_point_runs_a_reduced_matrix():
-    env = {**os.environ, "DATABASE_URL": database_url()}
+    env = {**os.environ, "DATABASE_URL": server_url()}
     prefix = f"smoke_all_{os.environ.get('PYTEST_XDIST_WORKER', 'solo')}"
     done = subprocess.run(
         [sys.executable, "bench/all.py", "--quick", "--database-prefix", prefix, "--no-save"],
