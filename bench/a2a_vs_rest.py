@@ -75,6 +75,7 @@ import httpx  # noqa: E402
 from bench.common import (  # noqa: E402
     DEFAULT_SERVER_URL,
     RESULTS_DIR,
+    SERVER_START_TIMEOUT,
     add_database_arguments,
     drop_unless_kept,
     machine_info,
@@ -127,7 +128,7 @@ class AppServer:
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         try:
-            self._wait_ready(timeout=60)
+            self._wait_ready(timeout=SERVER_START_TIMEOUT)
         except BaseException:
             self.stop()
             raise

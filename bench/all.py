@@ -264,7 +264,7 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
                 text,
                 f"≥ {GOAL_OVER_RAW}",
                 met,
-                results[section]["load"] if figure else None,
+                results[section]["load"] if figure is not None else None,
             )
     return rows
 

@@ -33,6 +33,11 @@ BENCH_ENV = {
 }
 
 
+# How long a server a bench starts (gunicorn with the whole project) may take to answer: seconds on a
+# quiet machine, over a minute on a 2-core one with a load of 20 (seen while others ran their suites).
+SERVER_START_TIMEOUT = 180.0
+
+
 def with_dbname(url: str, dbname: str) -> str:
     return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))
 

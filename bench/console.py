@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT))  # `python bench/console.py` puts bench/ first, no
 from bench.common import (  # noqa: E402
     BENCH_ENV,
     DEFAULT_SERVER_URL,
+    SERVER_START_TIMEOUT,
     add_database_arguments,
     add_smoke_argument,
     drop_unless_kept,
@@ -201,7 +202,7 @@ class Server:
                  "--keep-alive", "60", "--timeout", "300"],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
             )  # fmt: skip
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + SERVER_START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the server exited: {log_path.read_text(errors='replace')[-3000:]}")
@@ -211,7 +212,7 @@ class Server:
             except httpx.HTTPError:
                 time.sleep(0.2)
         self.stop()
-        raise RuntimeError("the server did not answer within 60 s")
+        raise RuntimeError(f"the server did not answer within {SERVER_START_TIMEOUT:g} s")
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -68,6 +68,7 @@ from bench.common import (  # noqa: E402
     BENCH_ENV,
     DEFAULT_SERVER_URL,
     RESULTS_DIR,
+    SERVER_START_TIMEOUT,
     add_database_arguments,
     add_smoke_argument,
     drop_unless_kept,
@@ -134,7 +135,7 @@ class Server:
             command, cwd=ROOT, env=_child_env(url, self.sandbox), stdout=self.log, stderr=subprocess.STDOUT
         )
         try:
-            self._wait_ready(timeout=60)
+            self._wait_ready(timeout=SERVER_START_TIMEOUT)
         except BaseException:
             self.stop()
             raise
