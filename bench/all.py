@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -50,6 +51,10 @@ RESULTS_LINE = re.compile(r"^results\s+(\S+\.json)$", re.MULTILINE)
 CPU_BOUND_RATE = 60.0  # tasks/s this 2-core machine reaches when nothing waits; sizes the cells
 
 
+def _terminated(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -60,20 +65,30 @@ def _run(script: str, *args: str, prefix: str) -> dict[str, Any]:
     load_before = _load()
     started = time.monotonic()
     database = f"{prefix}_{script.removesuffix('.py')}"
-    done = subprocess.run(
+    process = subprocess.Popen(
         [sys.executable, f"bench/{script}", "--database", database, *args],
         cwd=ROOT,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        check=False,
     )
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"bench/{script} {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-        )
-    found = RESULTS_LINE.search(done.stdout)
+    try:
+        stdout, stderr = process.communicate()
+    except BaseException:
+        # Ctrl-C or SIGTERM here: the script is asked to end (its finally stops its workers and servers
+        # and drops its database) before it is killed; subprocess.run would kill it at once.
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        raise
+    if process.returncode != 0:
+        raise RuntimeError(f"bench/{script} {' '.join(args)} failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    found = RESULTS_LINE.search(stdout)
     if found is None:
-        raise RuntimeError(f"bench/{script} printed no results file:\n{done.stdout[-2000:]}")
+        raise RuntimeError(f"bench/{script} printed no results file:\n{stdout[-2000:]}")
     path = ROOT / found.group(1)
     result = json.loads(path.read_text())
     path.unlink()  # folded into this run's file
@@ -120,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-save", action="store_true", help="do not write JSON to bench/results/")
     args = parser.parse_args(argv)
     os.environ.setdefault("DATABASE_URL", DEFAULT_SERVER_URL)
+    signal.signal(signal.SIGTERM, _terminated)  # through _run's clean-up, as Ctrl-C
     started = time.monotonic()
     results: dict[str, Any] = {"started": datetime.now(UTC).isoformat(), "load": os.getloadavg()}
 
