@@ -201,6 +201,10 @@ def run_phase(impl: Impl, claimers: int, *, url: str, args: argparse.Namespace, 
         for _ in jobs:
             item = results.get(timeout=args.warmup + args.seconds + 180)
             (errors.append if isinstance(item, str) else collected.append)(item)  # type: ignore[operator]
+    except BaseException:  # Ctrl-C or SIGTERM: stop the claimers now, not after their run
+        for proc in procs:
+            proc.terminate()
+        raise
     finally:
         for proc in procs:
             proc.join(timeout=30)

@@ -367,6 +367,11 @@ def run_phase(
                 errors.append(item)
             else:
                 collected.append(item)
+    except BaseException:  # Ctrl-C or SIGTERM: stop the writer processes now, not after their run
+        for worker in workers:
+            if isinstance(worker, multiprocessing.process.BaseProcess):
+                worker.terminate()
+        raise
     finally:
         for worker in workers:
             worker.join(timeout=30)
