@@ -40,8 +40,8 @@ How to run
     .venv/bin/python bench/a2a_vs_rest.py --tasks 800 --repeat 3 --callers 64
 
     DATABASE_URL names the *server*; the script creates its own database (``--database``, default
-    ``bench_a2a_<pid>``), migrates it, and drops it at the end. Results are also written as JSON to
-    ``bench/results/`` unless ``--no-save``.
+    ``bench_a2a_<pid>_<hex>``), copied from the migrated template, and drops it at the end. Results
+    are also written as JSON to ``bench/results/`` unless ``--no-save``.
 """
 
 from __future__ import annotations
@@ -75,11 +75,14 @@ import httpx  # noqa: E402
 from bench.common import (  # noqa: E402
     DEFAULT_SERVER_URL,
     RESULTS_DIR,
+    SERVER_START_TIMEOUT,
+    add_database_arguments,
+    drop_unless_kept,
     machine_info,
+    migrate_database,
     print_machine,
     recreate_database,
     setup_django,
-    throwaway_name,
     with_dbname,
 )
 from bench.e2e import (  # noqa: E402
@@ -125,7 +128,7 @@ class AppServer:
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         try:
-            self._wait_ready(timeout=60)
+            self._wait_ready(timeout=SERVER_START_TIMEOUT)
         except BaseException:
             self.stop()
             raise
@@ -563,10 +566,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="A2A_PUSH_INTERVAL of the workers' push senders (default: the setting "
                         "as configured)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--database", default=throwaway_name("bench_a2a"), help="throwaway database to create and drop"
-    )
-    parser.add_argument("--keep-database", action="store_true", help="leave the database for inspection")
+    add_database_arguments(parser, "bench_a2a")
     parser.add_argument("--no-save", action="store_true", help="do not write JSON to bench/results/")
     args = parser.parse_args(argv)
     if args.push_tasks is None:
@@ -600,11 +600,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ["A2A_PUSH_INTERVAL"] = f"{args.push_interval:g}"
         setup_django(debug=False)
         from django.conf import settings
-        from django.core.management import call_command
         from django.db import connections
 
         args.push_interval = settings.A2A_PUSH_INTERVAL
-        call_command("migrate", verbosity=0, interactive=False)
+        migrate_database(server_url, args.database, fresh=args.fresh_migrate)
         total = 2 * (args.warmup + args.tasks * args.repeat) + args.push_tasks
         _make_orders(total, random.Random(args.seed))
         orders = [f"E-{i}" for i in range(total)]
@@ -679,8 +678,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             receiver.stop()
         if "django.db" in sys.modules:
             sys.modules["django.db"].connections.close_all()
-        if not args.keep_database:
-            recreate_database(server_url, args.database, create=False)
+        drop_unless_kept(server_url, args.database, args.keep_database)
 
 
 if __name__ == "__main__":

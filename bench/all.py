@@ -7,7 +7,7 @@ What it runs, each as its own script in a subprocess (each creates and drops its
    flight x 0/300 ms model latency. Tasks per cell are sized from the work's expected rate so each
    cell takes seconds, not minutes (``--cell-seconds``).
 3. The peers: the same work on DBOS Transact (``bench/peers``) in the same run, against the same
-   PostgreSQL server and sandbox, at 2 processes x 1/16 in flight x 0/300 ms; ratios ours/DBOS.
+   PostgreSQL server and sandbox, at 2 processes x 16/64 in flight x 0/300 ms; ratios ours/DBOS.
 4. ``leases.py``: lease claims under contention, ``claim_next`` against the same claim issued raw,
    at 1/4/8 claimer processes competing for one pool of tasks.
 5. Recovery: 2 victims and 2 survivors, every victim SIGKILLed mid-run, with liveness (30 s TTL)
@@ -17,9 +17,13 @@ What it runs, each as its own script in a subprocess (each creates and drops its
 7. ``a2a_vs_rest.py``: the same tasks started and followed through A2A (the a2a-sdk client) and through the
    REST API, same run, same workers, 300 ms model latency; A2A / REST.
 
-Each figure is the median over ``--repeat`` runs. Results are printed as tables and written as JSON
-to ``bench/results/all-<time>.json``. The machine has 2 cores: cells at 4 processes x 64 measure
-CPU, not the runtime's waiting. ``--quick`` runs a reduced matrix (what the smoke test uses).
+Each figure is the median over ``--repeat`` runs. The run ends with the goals table of issue 27
+(ours/DBOS at 16 and 64 in flight and 0 and 300 ms, advance()/raw at 1 and 8 writers, claims/raw at
+1, 4 and 8 claimers, each against its goal). Results are printed as tables and written as JSON to
+``bench/results/all-<time>.json``, every figure with the load average (``os.getloadavg()``) at the
+start and end of the script run that measured it. The machine has 2 cores: cells at 4 processes x 64
+measure CPU, not the runtime's waiting. ``--quick`` runs a reduced matrix, each script with
+``--smoke`` (the goals table then shows what it measured and "not measured" for the rest).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,28 +51,50 @@ RESULTS_LINE = re.compile(r"^results\s+(\S+\.json)$", re.MULTILINE)
 CPU_BOUND_RATE = 60.0  # tasks/s this 2-core machine reaches when nothing waits; sizes the cells
 
 
+def _terminated(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def _run(script: str, *args: str, prefix: str) -> dict[str, Any]:
-    """Run ``bench/<script>`` on its own throwaway database and return the JSON it saved."""
+    """Run ``bench/<script>`` on its own throwaway database and return the JSON it saved, with the load
+    average at its start and end (``load``: what every figure it gave is reported beside)."""
+    load_before = _load()
     started = time.monotonic()
     database = f"{prefix}_{script.removesuffix('.py')}"
-    done = subprocess.run(
+    process = subprocess.Popen(
         [sys.executable, f"bench/{script}", "--database", database, *args],
         cwd=ROOT,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        check=False,
     )
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"bench/{script} {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-        )
-    found = RESULTS_LINE.search(done.stdout)
+    try:
+        stdout, stderr = process.communicate()
+    except BaseException:
+        # Ctrl-C or SIGTERM here: the script is asked to end (its finally stops its workers and servers
+        # and drops its database) before it is killed; subprocess.run would kill it at once.
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        raise
+    if process.returncode != 0:
+        raise RuntimeError(f"bench/{script} {' '.join(args)} failed:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    found = RESULTS_LINE.search(stdout)
     if found is None:
-        raise RuntimeError(f"bench/{script} printed no results file:\n{done.stdout[-2000:]}")
+        raise RuntimeError(f"bench/{script} printed no results file:\n{stdout[-2000:]}")
     path = ROOT / found.group(1)
     result = json.loads(path.read_text())
     path.unlink()  # folded into this run's file
-    print(f"  {script} {' '.join(args)}  ({time.monotonic() - started:.0f} s)", flush=True)
+    result["load"] = {"before": load_before, "after": _load()}
+    print(f"  {script} {' '.join(args)}  ({time.monotonic() - started:.0f} s, load {load_before[0]:.2f} "
+          f"-> {result['load']['after'][0]:.2f})", flush=True)  # fmt: skip
     return result
 
 
@@ -82,6 +109,20 @@ def _median(runs: list[dict[str, Any]], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
 
+def _ratios(phases: list[dict[str, Any]], count_key: str, ours: str, raw: str) -> dict[str, float]:
+    """Per count (writers or claimers): median rate of ``ours`` over median rate of ``raw``."""
+    ratios = {}
+    for count in sorted({p[count_key] for p in phases}):
+        rates = {
+            impl: statistics.median(
+                p["per_second"] for p in phases if p[count_key] == count and p["impl"] == impl
+            )
+            for impl in (ours, raw)
+        }
+        ratios[str(count)] = rates[ours] / rates[raw]
+    return ratios
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument("--repeat", type=int, default=1, help="runs per cell; the median is reported")
@@ -94,28 +135,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-save", action="store_true", help="do not write JSON to bench/results/")
     args = parser.parse_args(argv)
     os.environ.setdefault("DATABASE_URL", DEFAULT_SERVER_URL)
+    signal.signal(signal.SIGTERM, _terminated)  # through _run's clean-up, as Ctrl-C
     started = time.monotonic()
     results: dict[str, Any] = {"started": datetime.now(UTC).isoformat(), "load": os.getloadavg()}
 
     processes, concurrencies, latencies = (
-        ([2], [1], [0]) if args.quick else ([1, 2, 4], [1, 16, 64], [0, 300])
+        ([2], [16], [0]) if args.quick else ([1, 2, 4], [1, 16, 64], [0, 300])
     )
     seconds = 1.0 if args.quick else args.cell_seconds
+    smoke = ["--smoke"] if args.quick else []
 
     print("transitions", flush=True)
     prefix = args.database_prefix
     transitions = _run(
-        "transitions.py", "--seconds", "0.5" if args.quick else "3", "--writers", "1,8", prefix=prefix
+        "transitions.py", "--seconds", "0.5" if args.quick else "3", "--writers", "1,8", *smoke, prefix=prefix
     )
     results["transitions"] = {
         "table": transitions["table"],
         "ratio_at_8_writers": transitions["ratio_at_max_writers"],
+        "advance_over_raw": _ratios(transitions["phases"], "writers", "advance", "raw"),
+        "load": transitions["load"],
     }
 
     print("lease claims", flush=True)
     claims = _run("leases.py", "--seconds", "0.3" if args.quick else "3",
-                  "--claimers", "1,3" if args.quick else "1,4,8", prefix=prefix)  # fmt: skip
-    results["leases"] = {"table": claims["table"], "ratio_at_max_claimers": claims["ratio_at_max_claimers"]}
+                  "--claimers", "1,4" if args.quick else "1,4,8", *smoke, prefix=prefix)  # fmt: skip
+    results["leases"] = {
+        "table": claims["table"],
+        "ratio_at_max_claimers": claims["ratio_at_max_claimers"],
+        "ours_over_raw": _ratios(claims["phases"], "claimers", "ours", "raw"),
+        "load": claims["load"],
+    }
 
     print("end to end", flush=True)
     cells = []
@@ -124,8 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for c in concurrencies:
                 tasks = _tasks_for(p, c, latency, seconds)
                 common = ["--tasks", str(tasks), "--workers", str(p), "--concurrency", str(c),
-                          "--latency-ms", str(latency), "--recovery-tasks", "0"]  # fmt: skip
-                peer = not args.no_peers and p == 2 and c in (1, 16)
+                          "--latency-ms", str(latency), "--recovery-tasks", "0", *smoke]  # fmt: skip
+                peer = not args.no_peers and p == 2 and c in (16, 64)
                 runs = [
                     _run("e2e.py", *common, *(["--peers"] if peer else []), prefix=prefix)
                     for _ in range(args.repeat)
@@ -136,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "transitions_per_s": statistics.median(
                         r["throughput"]["transitions_per_s"] for r in runs
                     ),
+                    "load": [r["load"] for r in runs],
                 }  # fmt: skip
                 if peer:
                     cell["dbos_workflows_per_s"] = statistics.median(
@@ -151,24 +202,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     kinds = (("30", "--liveness"),) if args.quick else (("30", "--liveness"), ("5", "--no-liveness"))
     for ttl, liveness in kinds:
         run = _run("e2e.py", "--tasks", "40", "--recovery-tasks", recovery_tasks, "--concurrency", "16",
-                   "--lease-ttl", ttl, liveness, prefix=prefix)  # fmt: skip
-        recoveries.append(run["recovery"])
+                   "--lease-ttl", ttl, liveness, *smoke, prefix=prefix)  # fmt: skip
+        recoveries.append({**run["recovery"], "load": run["load"]})
     results["recovery"] = recoveries
 
     print("agents", flush=True)
     agents = _run("sdk_agents.py", "--tasks", "6" if args.quick else "120",
-                  "--latencies", "0" if args.quick else "0,300", "--repeat", str(args.repeat),
+                  "--latencies", "0" if args.quick else "0,300", "--repeat", str(args.repeat), *smoke,
                   prefix=prefix)  # fmt: skip
-    results["agents"] = {"summary": agents["summary"], "storage": agents["storage"], "table": agents["table"]}
+    results["agents"] = {"summary": agents["summary"], "storage": agents["storage"], "table": agents["table"],
+                         "load": agents["load"]}  # fmt: skip
 
     print("a2a against rest", flush=True)
     a2a = _run("a2a_vs_rest.py", "--tasks", "10" if args.quick else "400",
                "--repeat", "1" if args.quick else "3",
                "--warmup", "2" if args.quick else "20", "--callers", "8" if args.quick else "64",
                prefix=prefix)  # fmt: skip
-    results["a2a"] = {"summary": a2a["summary"], "table": a2a["table"]}
+    results["a2a"] = {"summary": a2a["summary"], "table": a2a["table"], "load": a2a["load"]}
     results["seconds"] = time.monotonic() - started
 
+    results["goals"] = goals(results)
     print(render(results))
     if not args.no_save:
         RESULTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -178,8 +231,73 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _cell(cell: dict[str, Any]) -> tuple[int, int, int]:
+    return cell["processes"], cell["concurrency"], cell["latency_ms"]
+
+
+GOAL_RATIO_0MS, GOAL_RATIO_300MS, GOAL_RATE_300MS, GOAL_OVER_RAW = 1.5, 1.2, 50.0, 0.8
+
+
+def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 27's table: each figure, its goal, whether it is met, and the load average beside it
+    (the 1-minute load at the start and end of the script run that measured it)."""
+    rows: list[dict[str, Any]] = []
+
+    def row(cell: str, figure: float | None, text: str, goal: str, met: bool | None, load: Any) -> None:
+        rows.append({"cell": cell, "figure": figure, "text": text, "goal": goal, "met": met, "load": load})
+
+    for c, latency in ((16, 0), (64, 0), (16, 300), (64, 300)):
+        cell = next(
+            (x for x in results["e2e"] if _cell(x) == (2, c, latency) and "ours_over_dbos" in x), None
+        )
+        name = f"ours / DBOS, 2 processes x {c} in flight, {latency} ms model latency"
+        if latency == 0:
+            goal = f"≥ {GOAL_RATIO_0MS}x"
+            met = None if cell is None else cell["ours_over_dbos"] >= GOAL_RATIO_0MS
+        else:
+            goal = f"≥ {GOAL_RATIO_300MS}x and ≥ {GOAL_RATE_300MS:g} tasks/s"
+            met = None if cell is None else (
+                cell["ours_over_dbos"] >= GOAL_RATIO_300MS and cell["tasks_per_s"] >= GOAL_RATE_300MS
+            )  # fmt: skip
+        if cell is None:
+            row(name, None, "not measured", goal, None, None)
+        else:
+            rates = f"{cell['tasks_per_s']:.1f} / {cell['dbos_workflows_per_s']:.1f} tasks/s"
+            text = f"{cell['ours_over_dbos']:.2f}x ({rates})"
+            row(name, cell["ours_over_dbos"], text, goal, met, cell["load"])
+    for label, section, key, counts in (
+        ("advance() / raw SQL, {} writer(s)", "transitions", "advance_over_raw", ("1", "8")),
+        ("lease claims / raw claim, {} claimer(s)", "leases", "ours_over_raw", ("1", "4", "8")),
+    ):
+        ratios = results[section][key]
+        for n in counts:
+            figure = ratios.get(n)
+            text = "not measured" if figure is None else f"{figure:.2f}"
+            met = None if figure is None else figure >= GOAL_OVER_RAW
+            row(
+                label.format(n),
+                figure,
+                text,
+                f"≥ {GOAL_OVER_RAW}",
+                met,
+                results[section]["load"] if figure is not None else None,
+            )
+    return rows
+
+
+def render_goals(rows: list[dict[str, Any]]) -> str:
+    lines = ["| cell | now | goal | met | load (1 min) before -> after |", "|---|---|---|---|---|"]
+    for r in rows:
+        met = "" if r["met"] is None else ("yes" if r["met"] else "NO")
+        loads = r["load"] if isinstance(r["load"], list) else [r["load"]] if r["load"] else []
+        load = ", ".join(f"{x['before'][0]:.2f} -> {x['after'][0]:.2f}" for x in loads)
+        lines.append(f"| {r['cell']} | {r['text']} | {r['goal']} | {met} | {load} |")
+    return "\n".join(lines)
+
+
 def render(results: dict[str, Any]) -> str:
-    lines = [f"\n## transitions (advance vs raw SQL)\n\n{results['transitions']['table']}"]
+    lines = [f"\n## issue 27's goals (same run)\n\n{render_goals(results['goals'])}"]
+    lines.append(f"\n## transitions (advance vs raw SQL)\n\n{results['transitions']['table']}")
     lines.append(f"\n## lease claims under contention (claim_next vs raw)\n\n{results['leases']['table']}")
     lines.append("\n## order_lookup end to end (tasks/s; ours / DBOS where measured)\n")
     lines.append(

@@ -30,8 +30,8 @@ How to run
     .venv/bin/python bench/approvals.py --small 10 --large 10000 --repeat 15
 
     DATABASE_URL names the *server*; the script creates its own database
-    (``--database``, default ``bench_approvals``), migrates it and drops it at
-    the end (``--keep-database`` leaves it for ``EXPLAIN``). DEBUG is off.
+    (``--database``, default ``bench_approvals_<pid>_<hex>``), copied from the migrated template,
+    and drops it at the end (``--keep-database`` leaves it for ``EXPLAIN``). DEBUG is off.
 """
 
 from __future__ import annotations
@@ -53,10 +53,11 @@ sys.path.insert(0, str(ROOT))  # `python bench/approvals.py` puts bench/ first, 
 
 from bench.common import (  # noqa: E402
     DEFAULT_SERVER_URL,
+    add_database_arguments,
+    drop_unless_kept,
     recreate_database,
     setup_client_benchmark,
     signed_in_client,
-    throwaway_name,
     with_dbname,
 )
 
@@ -192,8 +193,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-analyze", action="store_true", help="measure right after seeding, before statistics exist"
     )
-    parser.add_argument("--database", default=throwaway_name("bench_approvals"))
-    parser.add_argument("--keep-database", action="store_true")
+    add_database_arguments(parser, "bench_approvals")
     return parser.parse_args(argv)
 
 
@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     url = with_dbname(server_url, args.database)
     recreate_database(server_url, args.database, create=True)
     try:
-        setup_client_benchmark(url)
+        setup_client_benchmark(url, server_url, args.database, fresh_migrate=args.fresh_migrate)
         from django.contrib.auth import get_user_model
 
         from tenancy.models import Role, Tenant
@@ -257,8 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from django.db import connections
 
         connections.close_all()
-        if not args.keep_database:
-            recreate_database(server_url, args.database, create=False)
+        drop_unless_kept(server_url, args.database, args.keep_database)
 
 
 if __name__ == "__main__":

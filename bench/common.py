@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import platform
+import secrets
+import signal
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -31,42 +33,211 @@ BENCH_ENV = {
 }
 
 
+# How long a server a bench starts (gunicorn with the whole project) may take to answer: seconds on a
+# quiet machine, over a minute on a 2-core one with a load of 20 (seen while others ran their suites).
+SERVER_START_TIMEOUT = 180.0
+
+
 def with_dbname(url: str, dbname: str) -> str:
     return urlunsplit(urlsplit(url)._replace(path=f"/{dbname}"))
 
 
 def throwaway_name(base: str) -> str:
     """A default database name no other run shares: two people benchmarking against one server (or one
-    person running two scripts at once) each get their own database instead of dropping the other's."""
-    return f"{base}_{os.getpid()}"
+    person running two scripts at once, or two machines whose process ids collide) each get their own
+    database instead of dropping the other's."""
+    return f"{base}_{os.getpid()}_{secrets.token_hex(3)}"
 
 
 class DatabaseInUse(RuntimeError):
     pass
 
 
+# The databases this process created (recreate_database(create=True)): the only ones it may drop
+# WITH (FORCE) at the end, past its own lingering sessions and those of the processes it spawned.
+_CREATED: set[tuple[str, str]] = set()
+
+
+def _server_key(server_url: str, dbname: str) -> tuple[str, str]:
+    parts = urlsplit(server_url)
+    return (f"{parts.hostname}:{parts.port}", dbname)
+
+
+def _raise_on_termination(signum: int, _frame: Any) -> None:
+    # Into the script's ``finally``: its servers and workers stop and its database is dropped.
+    raise SystemExit(128 + signum)
+
+
 def recreate_database(server_url: str, dbname: str, *, create: bool) -> None:
-    """Create ``dbname`` afresh (``create``), or drop it at the end of the run (even with our own sessions
-    left). Before creating, a database of that name that another session is using is refused, never
-    dropped: it is somebody else's run."""
+    """Create ``dbname`` afresh (``create``), or drop it at the end of the run (``create=False``).
+
+    Creating: an idle database of that name (a run that was SIGKILLed, or one kept with
+    ``--keep-database``) is dropped first, but without ``FORCE``: PostgreSQL refuses to drop a
+    database any session uses, so somebody else's run is refused (``DatabaseInUse``), never killed.
+    SIGTERM and SIGHUP then end the script through its ``finally`` as Ctrl-C does, so the database
+    is dropped on those too.
+
+    Dropping: ``WITH (FORCE)`` (past this run's own lingering sessions) only for a database this
+    process created; any other is dropped only when idle, else left with a warning."""
+    key = _server_key(server_url, dbname)
     with psycopg.connect(server_url, autocommit=True) as conn:
-        if create:
-            row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-                (dbname,),
-            ).fetchone()
-            if row and row[0]:
-                raise DatabaseInUse(
-                    f"database {dbname!r} is in use by {row[0]} session(s), perhaps another benchmark run: "
-                    "leave --database unset (each run gets its own) or name another one"
-                )
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
+        if not create and key in _CREATED:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
+            _CREATED.discard(key)
+            return
+        try:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(dbname)))
+        except psycopg.errors.ObjectInUse as exc:
+            if not create:
+                print(f"WARNING     database {dbname!r} not dropped: in use by another session ({exc})")
+                return
+            raise DatabaseInUse(
+                f"database {dbname!r} is in use by another session, perhaps another benchmark run: "
+                "leave --database unset (each run gets its own) or name another one"
+            ) from None
         if create:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+            _CREATED.add(key)
+    if create and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, _raise_on_termination)
+        signal.signal(signal.SIGHUP, _raise_on_termination)
 
 
-def settle(url: str) -> None:
-    """Same starting conditions for every measurement: no dead rows, no pending checkpoint."""
+def drop_unless_kept(server_url: str, dbname: str, keep: bool) -> None:
+    """The end of a run: drop its database, or say where it was kept (``--keep-database``)."""
+    if keep:
+        print(f"kept        database {dbname} (--keep-database): drop it with DROP DATABASE {dbname}")
+        return
+    recreate_database(server_url, dbname, create=False)
+
+
+# Migrating a fresh database takes 15 s on a quiet 2-core machine and a minute on a busy one, for
+# every run of every script. So a run's database is copied (CREATE DATABASE ... TEMPLATE) from one
+# migrated once per set of migrations: ``bench_template_<digest of every migration's source>``.
+# It accepts no connections (nobody can hold it open and block a copy) and is kept as a cache; the
+# newest few are kept, older ones dropped when a new one is built. ``--fresh-migrate`` migrates
+# the run's own database instead.
+TEMPLATE_PREFIX = "bench_template_"
+TEMPLATES_KEPT = 3
+_TEMPLATE_LOCK = 0x62656E6368  # pg_advisory_lock key ("bench"), on the server's postgres database
+
+
+def add_database_arguments(parser: Any, base: str) -> None:
+    """``--database``, ``--keep-database`` and ``--fresh-migrate``, as every bench script takes them."""
+    parser.add_argument(
+        "--database",
+        default=throwaway_name(base),
+        help=f"the run's throwaway database to create and drop (default {base}_<pid>_<random>)",
+    )
+    parser.add_argument("--keep-database", action="store_true", help="leave the database for inspection")
+    parser.add_argument(
+        "--fresh-migrate",
+        action="store_true",
+        help="migrate the run's database from scratch instead of copying the migrated template",
+    )
+
+
+def _migrations_digest() -> str:
+    """A digest of every migration Django would apply (their source), and Django's version."""
+    import hashlib
+    import sys
+
+    import django
+    from django.db.migrations.loader import MigrationLoader
+
+    digest = hashlib.sha256(django.get_version().encode())
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    for key in sorted(loader.disk_migrations):
+        module = sys.modules[type(loader.disk_migrations[key]).__module__]
+        digest.update(repr(key).encode())
+        digest.update(Path(module.__file__ or "").read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _migrate_into(dbname: str) -> None:
+    """Run Django's migrate against ``dbname`` instead of the configured database, then point back."""
+    from django.core.management import call_command
+    from django.db import connections
+
+    connection = connections["default"]
+    configured = connection.settings_dict["NAME"]
+    connection.close()
+    connection.settings_dict["NAME"] = dbname
+    try:
+        call_command("migrate", verbosity=0, interactive=False)
+    finally:
+        connection.close()
+        connection.settings_dict["NAME"] = configured
+
+
+def migrate_database(server_url: str, dbname: str, *, fresh: bool = False) -> str:
+    """Bring the run's database ``dbname`` (created by ``recreate_database``, still empty) to the current
+    migrations; Django must be set up on it. Returns how: copied from the template, or migrated.
+
+    The template is built (at most once per set of migrations; runs side by side wait for it on an
+    advisory lock) by migrating a database of its own, then renamed into place: a copy is never taken
+    of a half-migrated template. The run's database is then re-created as a copy of it."""
+    from django.db import connections
+
+    if fresh:
+        _migrate_into(dbname)
+        print(f"database    {dbname}: migrated (--fresh-migrate)", flush=True)
+        return "migrated"
+    template = TEMPLATE_PREFIX + _migrations_digest()
+    with psycopg.connect(with_dbname(server_url, "postgres"), autocommit=True) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_TEMPLATE_LOCK,))
+        try:
+            how = f"copied from {template}"
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (template,)).fetchone():
+                building = f"{template}_building_{os.getpid()}"
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(building)))
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(building)))
+                try:
+                    _migrate_into(building)
+                    conn.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(
+                        sql.Identifier(building)))  # fmt: skip
+                    conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(
+                        sql.Identifier(building), sql.Identifier(template)))  # fmt: skip
+                except BaseException:
+                    conn.execute(
+                        sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(building))
+                    )
+                    raise
+                how = f"migrated into a new {template}, then copied"
+                _prune_templates(conn)
+            connections.close_all()
+            conn.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(dbname)))  # ours, still empty
+            conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(dbname), sql.Identifier(template)))  # fmt: skip
+            print(f"database    {dbname}: {how}", flush=True)
+            return how
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_TEMPLATE_LOCK,))
+
+
+def _prune_templates(conn: psycopg.Connection) -> None:
+    """Keep the newest ``TEMPLATES_KEPT`` templates (by OID, in order of creation); drop the others.
+    Nobody can be connected to one (ALLOW_CONNECTIONS false), and copies are taken under the lock held."""
+    rows = conn.execute(
+        "SELECT datname FROM pg_database WHERE datname LIKE %s AND NOT datallowconn ORDER BY oid DESC",
+        (TEMPLATE_PREFIX.replace("_", r"\_") + "%",),
+    ).fetchall()
+    for (name,) in rows[TEMPLATES_KEPT:]:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+
+
+def add_smoke_argument(parser: Any) -> None:
+    parser.add_argument("--smoke", action="store_true",
+                        help="a smoke run (make test): no VACUUM/CHECKPOINT before each measurement, so "
+                        "the figures are noisier; every check is still made")  # fmt: skip
+
+
+def settle(url: str, *, smoke: bool = False) -> None:
+    """Same starting conditions for every measurement: no dead rows, no pending checkpoint. A smoke
+    run (``--smoke``) skips it: a CHECKPOINT flushes the whole server's dirty buffers, seconds on a
+    busy one, and a smoke's figures are not compared."""
+    if smoke:
+        return
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE")
         conn.execute("CHECKPOINT")
@@ -124,15 +295,15 @@ def print_machine(info: dict[str, Any], *, debug: bool) -> None:
           f"DEBUG={'on' if debug else 'off'}")  # fmt: skip
 
 
-def setup_client_benchmark(url: str) -> None:
-    """Django for timing pages through its test client, on the freshly created database ``url``:
-    production settings (DEBUG off, no SSL redirect on plain HTTP), plain static URLs instead of the
-    production manifest (no collectstatic), the test environment, every migration applied."""
+def setup_client_benchmark(url: str, server_url: str, dbname: str, *, fresh_migrate: bool = False) -> str:
+    """Django for timing pages through its test client, on the freshly created database ``url``
+    (``dbname`` on ``server_url``): production settings (DEBUG off, no SSL redirect on plain HTTP),
+    plain static URLs instead of the production manifest (no collectstatic), the test environment,
+    every migration applied (``migrate_database``; returns how)."""
     os.environ["DATABASE_URL"] = url
     os.environ["SECURE_SSL_REDIRECT"] = "0"
     setup_django(debug=False)
     from django.conf import settings
-    from django.core.management import call_command
     from django.test import override_settings
     from django.test.utils import setup_test_environment
 
@@ -142,7 +313,7 @@ def setup_client_benchmark(url: str) -> None:
         "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
     }
     override_settings(STORAGES=storages).enable()
-    call_command("migrate", verbosity=0, interactive=False)
+    return migrate_database(server_url, dbname, fresh=fresh_migrate)
 
 
 def signed_in_client(user: Any) -> Any:

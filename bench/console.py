@@ -32,8 +32,8 @@ How to run
     .venv/bin/python bench/console.py --tasks 100000 --history 1000   # a lighter run
 
     DATABASE_URL names the *server*; the script creates its own database
-    (``--database``, default ``bench_console_<pid>``), migrates it and drops it at the
-    end (``--keep-database`` leaves it for ``EXPLAIN``). A million tasks take minutes to seed
+    (``--database``, default ``bench_console_<pid>_<hex>``), copied from the migrated template, and
+    drops it at the end (``--keep-database`` leaves it for ``EXPLAIN``). A million tasks take minutes to seed
     and the machine's load is printed before and after: read the figures with it.
 """
 
@@ -61,11 +61,14 @@ sys.path.insert(0, str(ROOT))  # `python bench/console.py` puts bench/ first, no
 from bench.common import (  # noqa: E402
     BENCH_ENV,
     DEFAULT_SERVER_URL,
+    SERVER_START_TIMEOUT,
+    add_database_arguments,
+    add_smoke_argument,
+    drop_unless_kept,
     recreate_database,
     settle,
     setup_client_benchmark,
     signed_in_client,
-    throwaway_name,
     with_dbname,
 )
 
@@ -199,7 +202,7 @@ class Server:
                  "--keep-alive", "60", "--timeout", "300"],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
             )  # fmt: skip
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + SERVER_START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the server exited: {log_path.read_text(errors='replace')[-3000:]}")
@@ -209,7 +212,7 @@ class Server:
             except httpx.HTTPError:
                 time.sleep(0.2)
         self.stop()
-        raise RuntimeError("the server did not answer within 60 s")
+        raise RuntimeError(f"the server did not answer within {SERVER_START_TIMEOUT:g} s")
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -297,8 +300,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--export-rows", type=int, default=500, help="rows read from the audit export")
     parser.add_argument("--repeat", type=int, default=5, help="timed requests per read (median)")
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--database", default=throwaway_name("bench_console"))
-    parser.add_argument("--keep-database", action="store_true")
+    add_database_arguments(parser, "bench_console")
+    add_smoke_argument(parser)
     return parser.parse_args(argv)
 
 
@@ -348,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     recreate_database(server_url, args.database, create=True)
     server: Server | None = None
     try:
-        setup_client_benchmark(url)
+        setup_client_benchmark(url, server_url, args.database, fresh_migrate=args.fresh_migrate)
         from django.contrib.auth import get_user_model
 
         from bench.approvals import _bulk_requests, _real_request
@@ -397,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"seeded      {added:,} tasks (+ 2 events, checkpoint each) by SQL in {took:.1f} s "
                   f"({added / max(took, 1e-9):,.0f} tasks/s); {size + base:,} in two tenants")  # fmt: skip
             seeded = max(size, seeded)
-            settle(url)
+            settle(url, smoke=args.smoke)
             results[size] = {
                 name: _measure(read, warmup=args.warmup, repeat=args.repeat) for name, read in reads.items()
             }
@@ -427,8 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if server is not None:
             server.stop()
         connections.close_all()
-        if not args.keep_database:
-            recreate_database(server_url, args.database, create=False)
+        drop_unless_kept(server_url, args.database, args.keep_database)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,9 @@ How to run
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/leases.py \\
         --seconds 5 --claimers 1,4,8 --repeat 3
 
-    DATABASE_URL names the server; the script creates its own database (``--database``), migrates
-    it and drops it at the end. Results are written as JSON to ``bench/results/`` unless
-    ``--no-save``.
+    DATABASE_URL names the server; the script creates its own database (``--database``), copied
+    from the migrated template, and drops it at the end. Results are written as JSON to
+    ``bench/results/`` unless ``--no-save``.
 """
 
 from __future__ import annotations
@@ -57,12 +57,15 @@ import psycopg  # noqa: E402
 from bench.common import (  # noqa: E402
     DEFAULT_SERVER_URL,
     RESULTS_DIR,
+    add_database_arguments,
+    add_smoke_argument,
+    drop_unless_kept,
     machine_info,
+    migrate_database,
     print_machine,
     recreate_database,
     settle,
     setup_django,
-    throwaway_name,
     with_dbname,
 )
 
@@ -198,6 +201,10 @@ def run_phase(impl: Impl, claimers: int, *, url: str, args: argparse.Namespace, 
         for _ in jobs:
             item = results.get(timeout=args.warmup + args.seconds + 180)
             (errors.append if isinstance(item, str) else collected.append)(item)  # type: ignore[operator]
+    except BaseException:  # Ctrl-C or SIGTERM: stop the claimers now, not after their run
+        for proc in procs:
+            proc.terminate()
+        raise
     finally:
         for proc in procs:
             proc.join(timeout=30)
@@ -250,11 +257,11 @@ def _seed(count: int) -> None:
                              expires_at=now)  # fmt: skip
 
 
-def _reset(url: str) -> None:
+def _reset(url: str, smoke: bool) -> None:
     """Leases back to token 1 and released, so every phase starts alike and tokens count its claims."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("UPDATE tasks_lease SET token = 1, expires_at = now(), heartbeat_at = now()")
-    settle(url)
+    settle(url, smoke=smoke)
 
 
 def render_table(phases: list[Phase], counts: list[int]) -> str:
@@ -278,9 +285,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tasks", type=int, default=200, help="runnable tasks all claimers compete for")
     parser.add_argument("--batch", type=int, default=4, help="tasks asked for per claim call")
     parser.add_argument("--repeat", type=int, default=1, help="runs per cell; the table shows medians")
-    parser.add_argument(
-        "--database", default=throwaway_name("bench_leases"), help="throwaway database to create and drop"
-    )
+    add_database_arguments(parser, "bench_leases")
+    add_smoke_argument(parser)
     parser.add_argument("--no-save", action="store_true", help="do not write JSON to bench/results/")
     args = parser.parse_args(argv)
     args.claimer_counts = [int(n) for n in args.claimers.split(",") if n.strip()]
@@ -297,10 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         os.environ["DATABASE_URL"] = url
         setup_django(debug=False)
-        from django.core.management import call_command
         from django.db import connections
 
-        call_command("migrate", verbosity=0, interactive=False)
+        migrate_database(server_url, args.database, fresh=args.fresh_migrate)
         _seed(args.tasks)
         connections.close_all()
         info = machine_info(url)
@@ -312,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for claimers in args.claimer_counts:
                 impls: tuple[Impl, Impl] = ("ours", "raw") if repeat % 2 == 0 else ("raw", "ours")
                 for impl in impls:
-                    _reset(url)
+                    _reset(url, args.smoke)
                     phase = run_phase(impl, claimers, url=url, args=args, repeat=repeat)
                     phases.append(phase)
                     print(f"  run {repeat + 1}  {impl:<4}  {claimers} claimer(s)  {phase.claims:>7} claims  "
@@ -340,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if "django.db" in sys.modules:
             sys.modules["django.db"].connections.close_all()
-        recreate_database(server_url, args.database, create=False)
+        drop_unless_kept(server_url, args.database, args.keep_database)
 
 
 if __name__ == "__main__":

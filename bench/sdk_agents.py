@@ -37,7 +37,7 @@ How to run
     .venv/bin/python bench/sdk_agents.py --tasks 200 --repeat 3 --latencies 0
     .venv/bin/python bench/sdk_agents.py --profile 20      # where the adapter's time goes (cProfile)
 
-    The script creates its own database (``--database``, default ``bench_agents``), migrates it,
+    The script creates its own database (``--database``, default ``bench_agents_<pid>_<hex>``), migrates it,
     serves the sandbox from gunicorn and drops the database at the end. Workers run as
     ``python bench/sdk_agents.py --worker run_worker ...`` so that they know the native type too.
     Results are written as JSON to ``bench/results/`` unless ``--no-save``.
@@ -68,12 +68,15 @@ sys.path.insert(0, str(ROOT))  # `python bench/sdk_agents.py` puts bench/ first,
 from bench.common import (  # noqa: E402
     DEFAULT_SERVER_URL,
     RESULTS_DIR,
+    add_database_arguments,
+    add_smoke_argument,
+    drop_unless_kept,
     machine_info,
+    migrate_database,
     print_machine,
     recreate_database,
     settle,
     setup_django,
-    throwaway_name,
     with_dbname,
 )
 from bench.e2e import DEFAULT_TTL, Server, Workers, _busy_span, _quantiles, _table  # noqa: E402
@@ -365,7 +368,7 @@ def measure_cell(
 
     tenant = _make_tasks(f"{'sdk' if kind == SDK else 'native'}-{latency_ms:g}-{run}", kind, args.tasks)
     connections.close_all()
-    settle(url)
+    settle(url, smoke=args.smoke)
     started = time.monotonic()
     workers = _workers(args, args.workers, args.concurrency, latency_ms, url, server, logs)
     cpu: list[float] = []
@@ -605,10 +608,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--storage", action=argparse.BooleanOptionalAction, default=True,
                         help="measure the bytes stored per task (default on)")  # fmt: skip
     parser.add_argument("--max-wait", type=float, default=300, help="give up a cell after this many seconds")
-    parser.add_argument(
-        "--database", default=throwaway_name("bench_agents"), help="throwaway database to create and drop"
-    )
-    parser.add_argument("--keep-database", action="store_true", help="leave the database for inspection")
+    add_database_arguments(parser, "bench_agents")
+    add_smoke_argument(parser)
     parser.add_argument("--no-save", action="store_true", help="do not write JSON to bench/results/")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="instead: N tasks of each kind one at a time under cProfile")  # fmt: skip
@@ -636,9 +637,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["DATABASE_URL"] = url
         setup_django(debug=False)
         register_native()
-        from django.core.management import call_command
 
-        call_command("migrate", verbosity=0, interactive=False)
+        migrate_database(server_url, args.database, fresh=args.fresh_migrate)
         info = machine_info(url)
         print_machine(info, debug=False)
         with tempfile.TemporaryDirectory(prefix="bench-agents-") as logs_dir:
@@ -684,8 +684,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             server.stop()
         if "django.db" in sys.modules:
             sys.modules["django.db"].connections.close_all()
-        if not args.keep_database:
-            recreate_database(server_url, args.database, create=False)
+        drop_unless_kept(server_url, args.database, args.keep_database)
 
 
 if __name__ == "__main__":

@@ -39,8 +39,8 @@ How to run
     .venv/bin/python bench/transitions.py --profile 2000   # + cProfile of one writer
 
     DATABASE_URL names the *server* (any database on it the user may connect to);
-    the script creates its own database (``--database``, default ``bench_durable``),
-    migrates it, and drops it at the end. It runs with DEBUG off (``--debug`` to
+    the script creates its own database (``--database``, default ``bench_durable_<pid>_<hex>``),
+    copied from the migrated template, and drops it at the end. It runs with DEBUG off (``--debug`` to
     keep Django's per-query logging on, as the default settings do). Results are
     also written as JSON to ``bench/results/`` (git-ignored) unless ``--no-save``.
 """
@@ -79,12 +79,15 @@ from audit.keys import parse_chain_keys  # noqa: E402  (parses the environment's
 from bench.common import (  # noqa: E402
     DEFAULT_SERVER_URL,
     RESULTS_DIR,
+    add_database_arguments,
+    add_smoke_argument,
+    drop_unless_kept,
     machine_info,
+    migrate_database,
     print_machine,
     recreate_database,
     settle,
     setup_django,
-    throwaway_name,
     with_dbname,
 )
 
@@ -364,6 +367,11 @@ def run_phase(
                 errors.append(item)
             else:
                 collected.append(item)
+    except BaseException:  # Ctrl-C or SIGTERM: stop the writer processes now, not after their run
+        for worker in workers:
+            if isinstance(worker, multiprocessing.process.BaseProcess):
+                worker.terminate()
+        raise
     finally:
         for worker in workers:
             worker.join(timeout=30)
@@ -610,9 +618,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tasks-per-writer", type=int, default=8, help="tasks each writer cycles through")
     parser.add_argument("--repeat", type=int, default=1, help="runs per measurement; the table shows medians")
     parser.add_argument("--mode", choices=("processes", "threads"), default="processes")
-    parser.add_argument(
-        "--database", default=throwaway_name("bench_durable"), help="throwaway database to create and drop"
-    )
+    add_database_arguments(parser, "bench_durable")
+    add_smoke_argument(parser)
     parser.add_argument("--debug", action="store_true", help="run Django with DEBUG on (records every query)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also cProfile N advance() calls by one in-process writer")  # fmt: skip
@@ -632,12 +639,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         os.environ["DATABASE_URL"] = url  # for Django, here and in the spawned writers
         setup_django(args.debug)
-        from django.core.management import call_command
         from django.db import connections
 
         from tenancy.models import Tenant
 
-        call_command("migrate", verbosity=0, interactive=False)
+        migrate_database(server_url, args.database, fresh=args.fresh_migrate)
         tenant = Tenant.objects.create(slug="bench", name="Benchmark")
         info = machine_info(url)
         print_machine(info, debug=args.debug)
@@ -658,7 +664,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     ids = _make_tasks(tenant, writers * args.tasks_per_writer)
                     task_sets = [ids[i::writers] for i in range(writers)]
                     connections.close_all()
-                    settle(url)
+                    settle(url, smoke=args.smoke)
                     phase = run_phase(impl, args.mode, task_sets, url=url, warmup=args.warmup,
                                       seconds=args.seconds, debug=args.debug, repeat=repeat)  # fmt: skip
                     phases.append(phase)
@@ -702,7 +708,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if "django.db" in sys.modules:
             sys.modules["django.db"].connections.close_all()
-        recreate_database(server_url, args.database, create=False)
+        drop_unless_kept(server_url, args.database, args.keep_database)
 
 
 if __name__ == "__main__":

@@ -105,11 +105,12 @@ def run_dbos(
     latency_ms: int,
     timeout: float = 600,
     polling_interval_s: float | None = None,
-    database: str = "bench_peers_dbos",
+    database: str | None = None,
 ) -> dict[str, Any]:
     """One DBOS Transact run of ``tasks`` ``order_lookup`` workflows: ``processes`` workers with
     ``concurrency`` workflows in flight each, on the PostgreSQL server ``server_url`` (its database
-    ``database`` is created and dropped) against the sandbox at ``sandbox_url``.
+    ``database``, by default one named for that run, is created and dropped) against the sandbox at
+    ``sandbox_url``.
 
     Returns run_dbos.py's JSON (``workflows_per_s``, ``steps_per_s``, ``busy_s``, ...); raises
     ``RuntimeError`` with the tail of its stderr when it fails or outlives ``timeout`` (+ a margin
@@ -122,7 +123,8 @@ def run_dbos(
         str(python), str(HERE / "run_dbos.py"),
         "--server-url", server_url, "--sandbox-url", sandbox_url,
         "--tasks", str(tasks), "--processes", str(processes), "--concurrency", str(concurrency),
-        "--latency-ms", str(latency_ms), "--timeout", str(timeout), "--database", database,
+        "--latency-ms", str(latency_ms), "--timeout", str(timeout),
+        *(["--database", database] if database else []),
         *(["--polling-interval", str(polling_interval_s)] if polling_interval_s is not None else []),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}

@@ -38,7 +38,7 @@ from psycopg import sql
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "dbos_order_lookup.py"
-DATABASE = "bench_peers_dbos"  # DBOS's system database; --database names another (parallel runs)
+DATABASE = f"bench_peers_dbos_{os.getpid()}"  # DBOS's system database, one per run; --database names another
 STEPS = 3
 GRACE = 10.0
 POLL = 0.1
@@ -56,8 +56,12 @@ def database_url(server_url: str, dbname: str) -> str:
 
 
 def recreate_database(server_url: str, *, create: bool) -> None:
+    """Create DATABASE afresh, or drop it at the end. Before creating, an idle one of that name is dropped
+    without FORCE (PostgreSQL refuses while another run uses it); only the one this run created is
+    dropped WITH (FORCE) at the end, past its workers' lingering sessions."""
     with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE)))
+        force = sql.SQL("") if create else sql.SQL(" WITH (FORCE)")
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}{}").format(sql.Identifier(DATABASE), force))
         if create:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
 

@@ -23,10 +23,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import DEFAULT_SERVER_URL, recreate_database, setup_django, with_dbname  # noqa: E402
+from bench.common import (  # noqa: E402
+    DEFAULT_SERVER_URL,
+    recreate_database,
+    setup_django,
+    throwaway_name,
+    with_dbname,
+)
 from bench.peers.harness import HERE, ensure_venv, run_dbos  # noqa: E402
 
-SANDBOX_DB = "bench_peers_sandbox"
+SANDBOX_DB = throwaway_name("bench_peers_sandbox")  # one per run: runs side by side never collide
 STATUSES = ("delivered", "shipped", "processing", "returned")
 
 

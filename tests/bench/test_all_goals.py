@@ -1,0 +1,67 @@
+"""bench/all.py's goals table (issue 27): each figure against its goal, with the load beside it.
+
+The figures are crafted here (a whole ``make bench-all`` takes a quarter of an hour); what is
+checked is the table's arithmetic and verdicts: a ratio is ours over raw from the scripts' own
+phases, a 300 ms cell needs both its ratio and its rate, and a cell not measured says so.
+"""
+
+from __future__ import annotations
+
+from bench.all import _ratios, goals, render_goals
+
+LOAD = {"before": [1.5, 1.0, 0.8], "after": [1.75, 1.1, 0.8]}
+
+
+def e2e(c: int, latency: int, ours: float, dbos: float | None) -> dict:
+    cell = {"processes": 2, "concurrency": c, "latency_ms": latency, "tasks_per_s": ours, "load": [LOAD]}
+    if dbos is not None:
+        cell |= {"dbos_workflows_per_s": dbos, "ours_over_dbos": ours / dbos}
+    return cell
+
+
+def phases(key: str, ours: str, rates: dict[int, tuple[float, float]]) -> list[dict]:
+    return [
+        {key: n, "impl": impl, "per_second": rate}
+        for n, pair in rates.items()
+        for impl, rate in zip((ours, "raw"), pair, strict=True)
+    ]
+
+
+def test_the_goals_table_gives_each_figure_its_verdict_and_its_load():
+    writers = phases("writers", "advance", {1: (900, 1000), 8: (700, 1000)})
+    claimers = phases("claimers", "ours", {1: (90, 100), 4: (30, 100)})
+    results = {
+        "e2e": [e2e(16, 0, 60.0, 40.0), e2e(64, 0, 50.0, 40.0), e2e(16, 300, 45.0, 30.0),
+                e2e(64, 300, 60.0, 40.0)],
+        "transitions": {"advance_over_raw": _ratios(writers, "writers", "advance", "raw"), "load": LOAD},
+        "leases": {"ours_over_raw": _ratios(claimers, "claimers", "ours", "raw"), "load": LOAD},
+    }  # fmt: skip
+    rows = {r["cell"]: r for r in goals(results)}
+    verdict = {cell: r["met"] for cell, r in rows.items()}
+    assert verdict == {
+        "ours / DBOS, 2 processes x 16 in flight, 0 ms model latency": True,  # 1.5x
+        "ours / DBOS, 2 processes x 64 in flight, 0 ms model latency": False,  # 1.25x
+        "ours / DBOS, 2 processes x 16 in flight, 300 ms model latency": False,  # 1.5x but 45 tasks/s
+        "ours / DBOS, 2 processes x 64 in flight, 300 ms model latency": True,  # 1.5x and 60 tasks/s
+        "advance() / raw SQL, 1 writer(s)": True,  # 0.9
+        "advance() / raw SQL, 8 writer(s)": False,  # 0.7
+        "lease claims / raw claim, 1 claimer(s)": True,  # 0.9
+        "lease claims / raw claim, 4 claimer(s)": False,  # 0.3
+        "lease claims / raw claim, 8 claimer(s)": None,  # not measured
+    }
+    table = render_goals(goals(results))
+    assert (
+        "| ours / DBOS, 2 processes x 16 in flight, 300 ms model latency | 1.50x (45.0 / 30.0 tasks/s) "
+        "| ≥ 1.2x and ≥ 50 tasks/s | NO | 1.50 -> 1.75 |"
+    ) in table
+    assert "| advance() / raw SQL, 8 writer(s) | 0.70 | ≥ 0.8 | NO | 1.50 -> 1.75 |" in table
+    assert "| lease claims / raw claim, 8 claimer(s) | not measured | ≥ 0.8 |  |  |" in table
+
+
+def test_a_cell_run_without_its_peer_is_not_measured():
+    results = {
+        "e2e": [e2e(16, 0, 60.0, None)],
+        "transitions": {"advance_over_raw": {}, "load": LOAD},
+        "leases": {"ours_over_raw": {}, "load": LOAD},
+    }
+    assert all(r["text"] == "not measured" and r["met"] is None for r in goals(results))
