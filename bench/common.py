@@ -112,14 +112,10 @@ def drop_unless_kept(server_url: str, dbname: str, keep: bool) -> None:
 
 
 # Migrating a fresh database takes 15 s on a quiet 2-core machine and a minute on a busy one, for
-# every run of every script. So a run's database is copied (CREATE DATABASE ... TEMPLATE) from one
-# migrated once per set of migrations: ``bench_template_<digest of every migration's source>``.
-# It accepts no connections (nobody can hold it open and block a copy) and is kept as a cache; the
-# newest few are kept, older ones dropped when a new one is built. ``--fresh-migrate`` migrates
-# the run's own database instead.
-TEMPLATE_PREFIX = "bench_template_"
-TEMPLATES_KEPT = 3
-_TEMPLATE_LOCK = 0x62656E6368  # pg_advisory_lock key ("bench"), on the server's postgres database
+# every run of every script. So a run's database is copied (CREATE DATABASE ... TEMPLATE) from the one
+# template the test suite and the soak copy too, migrated once per set of migrations
+# (scripts/migrated_template.py: ``tmpl_migrated_<digest>``). ``--fresh-migrate`` migrates the run's own
+# database instead.
 
 
 def add_database_arguments(parser: Any, base: str) -> None:
@@ -135,23 +131,6 @@ def add_database_arguments(parser: Any, base: str) -> None:
         action="store_true",
         help="migrate the run's database from scratch instead of copying the migrated template",
     )
-
-
-def _migrations_digest() -> str:
-    """A digest of every migration Django would apply (their source), and Django's version."""
-    import hashlib
-    import sys
-
-    import django
-    from django.db.migrations.loader import MigrationLoader
-
-    digest = hashlib.sha256(django.get_version().encode())
-    loader = MigrationLoader(None, ignore_no_migrations=True)
-    for key in sorted(loader.disk_migrations):
-        module = sys.modules[type(loader.disk_migrations[key]).__module__]
-        digest.update(repr(key).encode())
-        digest.update(Path(module.__file__ or "").read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def _migrate_into(dbname: str) -> None:
@@ -172,58 +151,24 @@ def _migrate_into(dbname: str) -> None:
 
 def migrate_database(server_url: str, dbname: str, *, fresh: bool = False) -> str:
     """Bring the run's database ``dbname`` (created by ``recreate_database``, still empty) to the current
-    migrations; Django must be set up on it. Returns how: copied from the template, or migrated.
-
-    The template is built (at most once per set of migrations; runs side by side wait for it on an
-    advisory lock) by migrating a database of its own, then renamed into place: a copy is never taken
-    of a half-migrated template. The run's database is then re-created as a copy of it."""
+    migrations; Django must be set up on it. Returns how: copied from the migrated template (built first
+    if this set of migrations has none yet; runs side by side wait for one build), or migrated."""
     from django.db import connections
+
+    from scripts import migrated_template
 
     if fresh:
         _migrate_into(dbname)
         print(f"database    {dbname}: migrated (--fresh-migrate)", flush=True)
         return "migrated"
-    template = TEMPLATE_PREFIX + _migrations_digest()
+    template = migrated_template.ensure(server_url)
+    connections.close_all()
     with psycopg.connect(with_dbname(server_url, "postgres"), autocommit=True) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (_TEMPLATE_LOCK,))
-        try:
-            how = f"copied from {template}"
-            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (template,)).fetchone():
-                building = f"{template}_building_{os.getpid()}"
-                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(building)))
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(building)))
-                try:
-                    _migrate_into(building)
-                    conn.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(
-                        sql.Identifier(building)))  # fmt: skip
-                    conn.execute(sql.SQL("ALTER DATABASE {} RENAME TO {}").format(
-                        sql.Identifier(building), sql.Identifier(template)))  # fmt: skip
-                except BaseException:
-                    conn.execute(
-                        sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(building))
-                    )
-                    raise
-                how = f"migrated into a new {template}, then copied"
-                _prune_templates(conn)
-            connections.close_all()
-            conn.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(dbname)))  # ours, still empty
-            conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(dbname), sql.Identifier(template)))  # fmt: skip
-            print(f"database    {dbname}: {how}", flush=True)
-            return how
-        finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (_TEMPLATE_LOCK,))
-
-
-def _prune_templates(conn: psycopg.Connection) -> None:
-    """Keep the newest ``TEMPLATES_KEPT`` templates (by OID, in order of creation); drop the others.
-    Nobody can be connected to one (ALLOW_CONNECTIONS false), and copies are taken under the lock held."""
-    rows = conn.execute(
-        "SELECT datname FROM pg_database WHERE datname LIKE %s AND NOT datallowconn ORDER BY oid DESC",
-        (TEMPLATE_PREFIX.replace("_", r"\_") + "%",),
-    ).fetchall()
-    for (name,) in rows[TEMPLATES_KEPT:]:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(dbname)))  # ours, still empty
+    migrated_template.create(server_url, dbname)
+    how = f"copied from {template}"
+    print(f"database    {dbname}: {how}", flush=True)
+    return how
 
 
 def add_smoke_argument(parser: Any) -> None:

@@ -73,6 +73,8 @@ def _build(server_url: str, conn: psycopg.Connection, name: str) -> None:
     if done.returncode != 0:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(building)))
         raise RuntimeError(f"migrating the template failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    # Nobody may connect to it (a session on a template blocks every copy), and it gets its name only now.
+    conn.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(sql.Identifier(building)))
     rename = sql.SQL("ALTER DATABASE {} RENAME TO {}")
     conn.execute(rename.format(sql.Identifier(building), sql.Identifier(name)))
     for (old,) in conn.execute(
@@ -81,7 +83,7 @@ def _build(server_url: str, conn: psycopg.Connection, name: str) -> None:
         try:
             conn.execute(sql.SQL("DROP DATABASE {}").format(sql.Identifier(old)))
         except psycopg.errors.ObjectInUse:
-            pass  # somebody is copying it, or building it: theirs
+            pass  # somebody is building it: theirs
 
 
 def ensure(server_url: str) -> str:

@@ -106,7 +106,8 @@ def test_a_replica_url_adds_the_alias_and_the_router():
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == (
         "['default', 'replica'] ['config.db_router.ReplicaRouter'] 2.5 default 5433 "
-        "-c default_transaction_read_only=on"
+        "-c default_transaction_read_only=on -c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 "
+        "-c tcp_keepalives_count=3 -c tcp_user_timeout=15000"  # read-only, and a dead peer given up on
     )
 
 
