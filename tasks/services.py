@@ -376,8 +376,11 @@ class ResumePoint:
         return self.checkpoint is None and not self.newer
 
 
-def task_resume_point(task_id: UUID | str, *, actor: Actor, lease: Held | None = None) -> ResumePoint:
-    """Load a task and the checkpoint it would resume from.
+def task_resume_point(
+    task_id: UUID | str, *, actor: Actor, lease: Held | None = None, task: Task | None = None
+) -> ResumePoint:
+    """Load a task (unless ``task``, its row as a claim just read it) and the checkpoint it would resume
+    from.
 
     A checkpoint the running code cannot use (corrupt, unmigratable, missing,
     undecryptable, tampered) quarantines the task with that machine-readable
@@ -389,7 +392,11 @@ def task_resume_point(task_id: UUID | str, *, actor: Actor, lease: Held | None =
     is left untouched — no transition — and the point says ``newer``; the caller
     lets go of it (a worker releases its lease).
     """
-    task = hotpath.load_task(task_id)
+    task = (
+        task
+        if task is not None and task.pk == Task._meta.pk.to_python(task_id)
+        else hotpath.load_task(task_id)
+    )
     if task is None:
         raise Task.DoesNotExist(f"task {task_id} does not exist")
     try:

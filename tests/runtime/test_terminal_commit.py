@@ -151,7 +151,7 @@ def test_a_run_that_ends_issues_no_statement_after_its_end(acme):
     print(f"\none_turn run (no heartbeat thread): {len(sql)} statements besides BEGIN/COMMIT")
     assert sum(s.startswith("WITH moved AS") for s in sql) == 1  # the end; the step before stays plain
     assert not sql[-1].startswith("UPDATE")  # nothing after the end's transaction
-    assert len(sql) == 16  # 18 before the claim became one statement
+    assert len(sql) == 15  # 18 before the claim became one statement and its row the first step's
 
 
 def test_a_slot_with_the_heartbeat_thread_stops_beating_before_its_end_gives_the_lease_up(acme, monkeypatch):
@@ -174,3 +174,27 @@ def test_a_slot_with_the_heartbeat_thread_stops_beating_before_its_end_gives_the
         beats.stop()
     assert (outcome, held_at_end) == (State.COMPLETED, [False])
     assert released(task) and beats.beat() == set()  # nothing in hand, nothing lost
+
+
+def test_a_task_changed_between_its_claim_and_its_first_step_is_not_advanced_from_the_claimed_row(acme):
+    """The first step starts from the row the one-statement claim read; should the task move before
+    that step commits (an operator quarantines it), the step's compare-and-set refuses the stale
+    decision: nothing is written over the operator's move."""
+    from audit.models import TransitionEvent
+
+    task = start(acme)
+    (held,) = leases.claim_next(worker_id="w", region="default")
+    assert held.task is not None and held.task.state == State.READY
+    moved = advance(
+        task.id, held.task.state_version, State.QUARANTINED, actor=OPERATOR, trigger=Trigger.QUARANTINE,
+        reason="held by an operator", reason_code="operator_hold",
+    )  # fmt: skip
+    events = TransitionEvent.objects.filter(task=task).count()
+
+    outcome = runner.run_task(task.id, worker_id="w", region="default", model=Fine(), held=held)
+
+    assert outcome != State.COMPLETED
+    after = Task.objects.get(pk=task.id)
+    assert (after.state, after.state_version) == (State.QUARANTINED, moved.state_version)
+    assert TransitionEvent.objects.filter(task=task).count() == events
+    assert released(task)
