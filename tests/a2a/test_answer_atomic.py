@@ -19,7 +19,9 @@ from tests.a2a.test_jsonrpc import BASE, key_for, rpc
 from tests.api.conftest import waiting_for_input
 from tests.conftest import make_task
 
-pytestmark = pytest.mark.django_db
+# Transactional: the lost connection is answered as an outage (503), which closes the request's
+# connections, as a real one must.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def answer(client, key, task: Task, message_id: str = "answer-1"):
@@ -42,6 +44,7 @@ def test_a_failed_record_leaves_the_answer_unapplied_and_the_retry_applies_it_on
         patched.setattr(A2AMessage, "save", connection_lost)
         failed = answer(client, key, task)
     assert failed.json()["error"]["code"] == -32603
+    assert failed.status_code == 503 and failed["Retry-After"]  # an outage: the caller is told to retry
     task.refresh_from_db()
     assert task.state == State.WAITING_INPUT  # the answer went with its record
     assert not TaskInput.objects.filter(task=task).exists() and not A2AMessage.objects.exists()
