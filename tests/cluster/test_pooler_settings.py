@@ -81,6 +81,16 @@ def test_liveness_behind_a_transaction_pooler_needs_a_direct_url_or_liveness_off
     dsn.require_direct_liveness("none", True, None)
 
 
+def settings_printed(script: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``script`` run in a fresh process whose settings load from ``env`` (and no other DATABASE_*)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("DATABASE_")}
+    return subprocess.run(
+        [sys.executable, "-c", script],
+        env={**base, "DJANGO_SETTINGS_MODULE": "config.settings", "DEBUG": "1", **env},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
 def _settings_with(**env: str) -> subprocess.CompletedProcess[str]:
     script = (
         "from django.conf import settings; d = settings.DATABASES['default']; "
@@ -88,12 +98,7 @@ def _settings_with(**env: str) -> subprocess.CompletedProcess[str]:
         "d.get('OPTIONS', {}).get('prepare_threshold', 'unset'), "
         "(settings.DATABASE_LIVENESS or {}).get('PORT'))"
     )
-    base = {k: v for k, v in os.environ.items() if not k.startswith("DATABASE_")}
-    return subprocess.run(
-        [sys.executable, "-c", script],
-        env={**base, "DJANGO_SETTINGS_MODULE": "config.settings", "DEBUG": "1", **env},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    return settings_printed(script, **env)
 
 
 def test_the_settings_read_the_pooler_and_the_liveness_url_from_the_environment():

@@ -13,9 +13,7 @@ cluster-test``).
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import environ
@@ -34,6 +32,7 @@ from config.db_router import ReplicaRouter, ReplicaState, choose, lsn, lsn_text
 from tasks import leases
 from tasks.models import Task
 from tenancy.models import Membership
+from tests.cluster.test_pooler_settings import settings_printed
 
 ROUTERS = ["config.db_router.ReplicaRouter"]
 
@@ -85,12 +84,7 @@ def _settings_with(**env: str) -> subprocess.CompletedProcess[str]:
         "settings.DATABASE_REPLICA_MAX_LAG, r and r['TEST']['MIRROR'], r and r['PORT'], "
         "r and r['OPTIONS'].get('options'))"
     )
-    base = {k: v for k, v in os.environ.items() if not k.startswith("DATABASE_")}
-    return subprocess.run(
-        [sys.executable, "-c", script],
-        env={**base, "DJANGO_SETTINGS_MODULE": "config.settings", "DEBUG": "1", **env},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    return settings_printed(script, **env)
 
 
 def test_without_a_replica_url_there_is_no_replica_and_no_router():
