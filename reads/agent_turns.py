@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 
-from django.db.models import OuterRef, Subquery
+from django.db.models import OuterRef, Q, Subquery
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from audit import sealing
@@ -111,11 +111,15 @@ def read_agent_turns(task: Task, cap: int | None) -> AgentTurns:
         )
         for request in asked.order_by("created_at"):
             approvals[request.action_step] = request
+    # A turn's transition is the one after the version it was decided from, whatever its code: a turn
+    # commits alone (``agent_turn``) or with what it led to (its evidence read, its call's intent, the
+    # answer: ``runtime.sdk.step``).
     events = list(
         TransitionEvent.objects.filter(
+            Q(reason_code__in=(*TURN_CODES, *CALL_CODES, *END_CODES))
+            | Q(state_version__in=[row.state_version + 1 for row in found]),
             task=task,
             state_version__gt=found[0].state_version,
-            reason_code__in=(*TURN_CODES, *CALL_CODES, *END_CODES),
         ).order_by("state_version")[: 3 * len(found) + 1]
     )
     by_version = {event.state_version: event for event in events}
@@ -128,7 +132,7 @@ def read_agent_turns(task: Task, cap: int | None) -> AgentTurns:
             e
             for e in events
             if e.reason_code in CALL_CODES
-            and e.state_version > row.state_version + 1
+            and e.state_version > row.state_version
             and (until is None or e.state_version < until)
         ]
         step = kind.step(row.step)
@@ -149,7 +153,7 @@ def read_agent_turns(task: Task, cap: int | None) -> AgentTurns:
                 input_tokens=row.used_in,
                 output_tokens=row.used_out,
                 cost=row.used_cost,
-                event=committed if committed is not None and committed.reason_code in TURN_CODES else None,
+                event=committed,
             )
         )
     ended = next((e for e in events if e.reason_code in END_CODES), None)
@@ -188,13 +192,11 @@ def _call(
     base = f"{tool}{registry.CALL_MARK}{registry.call_key(call_id)}"
     declared = step.tool(tool) if isinstance(step, registry.AgentRun) else None
     if isinstance(declared, registry.AgentEvidence):
-        # The turn's evidence reads are its transitions coded agent_evidence, each naming its tool first.
-        event = next(
-            (e for e in read if e.reason.startswith(f"{tool} ") or e.reason.startswith(f"{tool}:")), None
-        )
-        if event is None:
+        # The turn's evidence reads are its transitions coded agent_evidence, each naming its tool.
+        found = next(((e, said) for e in read if (said := _read_of(e.reason, tool)) is not None), None)
+        if found is None:
             return ToolCall(tool, call_id, base, "evidence", "not read yet", "ready")
-        return ToolCall(tool, call_id, base, "evidence", event.reason, "completed", event=event)
+        return ToolCall(tool, call_id, base, "evidence", found[1], "completed", event=found[0])
     if not isinstance(declared, registry.AgentEffect):
         return ToolCall(tool, call_id, base, "undeclared", "refused: not declared to the ledger", "failed")
     action, approval = actions.get(base), approvals.get(base)
@@ -210,6 +212,19 @@ def _call(
         }.get(ApprovalStatus(approval.status), (f"approval {approval.status}: not performed", "failed"))
         return ToolCall(tool, call_id, base, "effect", fate, tone, approval=approval)
     return ToolCall(tool, call_id, base, "effect", "not performed yet", "ready")
+
+
+def _read_of(reason: str, tool: str) -> str | None:
+    """What an evidence read's reason says of ``tool``: the reason itself when it names the tool first,
+    or its part after the turn it committed with ("turn 1: … asks for lookup_order; lookup_order read
+    …"); None when it is not ``tool``'s read."""
+    for named in (f"{tool} ", f"{tool}:"):
+        if reason.startswith(named):
+            return reason
+        at = reason.find(f"; {named}")
+        if at >= 0:
+            return reason[at + 2 :]
+    return None
 
 
 def _action_fate(action: Action) -> tuple[str, str]:

@@ -145,31 +145,29 @@ def _chained_intent(action: Action) -> dict[str, Any] | None:
     return None
 
 
-def _chained_digest(action: Action) -> str | None:
-    """The effect digest the keyed audit chain binds for ``action``; None when nothing binds one."""
-    body = _chained_intent(action)
-    for pending in (body or {}).get("pending_actions") or ():
+def _chained_digest(action: Action, intent: dict[str, Any] | None) -> str | None:
+    """The effect digest the keyed audit chain binds for ``action`` (``intent``: its
+    ``_chained_intent``); None when nothing binds one."""
+    for pending in (intent or {}).get("pending_actions") or ():
         if pending.get("idempotency_key") == action.idempotency_key:
             return str(pending.get("effect_digest"))
     return None
 
 
-def _unbound(action: Action) -> str:
+def _unbound(call: registry.Dispatch | None, intent: dict[str, Any] | None) -> str:
     """Why an agent's call bound to evidence (``registry.Dispatch.unbound``) must not be sent: its
-    arguments and the evidence, as the chained checkpoint of its intent holds them (sealed facts
-    opened), do not agree. "" for any other action, and for one they vouch for. One read of the
-    task's type, one of the intent's checkpoint."""
-    step = _agent_call(action)
-    if step is None or step.unbound is None:
+    arguments and the evidence, as the chained checkpoint of its intent (``intent``) holds them (sealed
+    facts opened), do not agree. "" for any other action (``call`` None: a workflow's own step), and
+    for one they vouch for."""
+    if call is None or call.unbound is None:
         return ""
-    body = _chained_intent(action)
-    if body is None:  # the intent's own check (``_not_as_intended``) refuses this first
+    if intent is None:  # the intent's own check (``_not_as_intended``) refuses this first
         return "no checkpoint the audit chain vouches for holds its intent"
     try:
-        facts = checkpoints.decode(json.dumps(body)).facts
+        facts = checkpoints.decode(json.dumps(intent)).facts
     except checkpoints.CheckpointUnreadable as exc:
         return f"the checkpoint of its intent cannot be read: {exc}"
-    return step.unbound(facts)
+    return call.unbound(facts)
 
 
 def _unchained_approval(approval: ApprovalRequest) -> str:
@@ -194,12 +192,15 @@ def _unchained_approval(approval: ApprovalRequest) -> str:
     )
 
 
-def _agent_call(action: Action) -> registry.Dispatch | None:
-    """The ``Dispatch`` step of an agent's tool call ``action`` performs (one read of the task's
-    type); None for a workflow's own step."""
+def _agent_call(action: Action, lease: Held) -> registry.Dispatch | None:
+    """The ``Dispatch`` step of an agent's tool call ``action`` performs; None for a workflow's own
+    step. The task's type is the claimed row's when the lease holds it, else one read."""
     if registry.CALL_MARK not in action.step:
         return None
-    task_type = Task.objects.filter(pk=action.task_id).values_list("task_type", flat=True).first()
+    if lease.task is not None and lease.task.pk == action.task_id:
+        task_type: str | None = lease.task.task_type
+    else:
+        task_type = Task.objects.filter(pk=action.task_id).values_list("task_type", flat=True).first()
     try:
         step = registry.get(task_type or "").step(action.step)
     except KeyError:
@@ -207,31 +208,32 @@ def _agent_call(action: Action) -> registry.Dispatch | None:
     return step if isinstance(step, registry.Dispatch) else None
 
 
-def _binds(action: Action) -> dict[str, str]:
-    """What else an approval of ``action``'s step binds (``registry.Dispatch.binds``): {} for a
-    workflow's own step."""
-    step = _agent_call(action)
-    return dict(step.binds) if step is not None else {}
-
-
-def _not_as_intended(action: Action, effect: dict[str, Any], approval: ApprovalRequest | None) -> str:
+def _not_as_intended(
+    action: Action,
+    effect: dict[str, Any],
+    approval: ApprovalRequest | None,
+    *,
+    intent: dict[str, Any] | None,
+    call: registry.Dispatch | None,
+) -> str:
     """Why ``effect`` (``action``'s, opened) must not be sent as the intent; "" when every record agrees.
 
-    Cheapest first: the row's digest, the approval's (both rows in hand), then
-    the chained record (one read).
+    Cheapest first: the row's digest, the approval's (both rows in hand), then the chained record
+    (``intent``, read once by the caller). ``call``: the agent's call it performs (``_agent_call``).
     """
     actual = integrity.effect_digest(effect)
     why = integrity.mismatch(actual, action.effect_digest, "the action row's effect_digest")
     if not why and approval is not None:
         # What an approval authorizes (approvals.services.consequential_fields), built from this action.
         authorized = {"step": action.step, "connector": action.connector, "effect": effect}
-        binds = _binds(action)
-        if binds:  # an agent's tool call: the agent, the tool and the call are bound too
-            authorized["binds"] = binds
+        if call is not None and call.binds:  # an agent's tool call: the agent, tool and call are bound too
+            authorized["binds"] = dict(call.binds)
         why = integrity.mismatch(approval_digest(authorized), approval.digest, "the approval's digest")
         why = why or _unchained_approval(approval)
     if not why:
-        why = integrity.mismatch(actual, _chained_digest(action), "the intent the audit chain records")
+        why = integrity.mismatch(
+            actual, _chained_digest(action, intent), "the intent the audit chain records"
+        )
     return why
 
 
@@ -277,11 +279,12 @@ def claim(
     # Opened before the claim: an effect this process cannot open (its key retired) is never marked as
     # sent; the error (naming the field and key id, not the value) quarantines the task instead.
     effect = sealing.open_effect(action.idempotency_key, action.effect)
-    why = _not_as_intended(action, effect, approval)
+    intent, call = _chained_intent(action), _agent_call(action, lease)  # one read each, for both checks
+    why = _not_as_intended(action, effect, approval, intent=intent, call=call)
     if why:
         _withhold(action, lease, why)
         raise EffectMismatch(why)
-    unbound = _unbound(action)
+    unbound = _unbound(call, intent)
     if unbound:
         _withhold(action, lease, unbound, ArgumentUnbound.code)
         raise ArgumentUnbound(f"{action.step}: {unbound}")

@@ -168,7 +168,15 @@ class Finished:
     said: list[dict[str, Any]] = field(default_factory=list)  # the run's items after its memory's
 
 
-Outcome = NewTurn | CallNeeded | Paused | Finished
+@dataclass(frozen=True)
+class Unasked:
+    """The run needs a new model turn, and this run was told not to ask for one (``run``'s ``ask``):
+    it waits, kept, to ask it in the next step."""
+
+    turn: int
+
+
+Outcome = NewTurn | CallNeeded | Paused | Finished | Unasked
 
 
 @dataclass(frozen=True)
@@ -229,8 +237,13 @@ def run(
     context: dict[str, Any],
     timeout: float | None,
     cancel: threading.Event | None,
+    ask: bool = True,
 ) -> Outcome:
     """Replay ``run_step``'s agent over ``recorded`` and return the first thing the records lack.
+
+    ``ask=False``: a run that needs a new model turn does not ask it, but stops there (``Unasked``),
+    kept to ask it in the next step. The step passes it when ``recorded`` holds a turn it has not
+    committed yet, to learn what that turn leads to and commit both at once.
 
     Raises ``AgentFailed`` (``Unreplayable`` among them), ``TurnTimedOut``, ``TurnInterrupted``,
     ``RunStateUnusable`` (the stored state does not fit the agent), or the model's own error: the
@@ -241,7 +254,7 @@ def run(
     worker's slot, or one whose own event loop runs): there a run stopped where the records ended
     waits for the next step (``_Live``), which goes on from there instead of replaying it all again.
     """
-    feed = _Feed(recorded, timeout, cancel, otel_context.get_current())
+    feed = _Feed(recorded, timeout, cancel, otel_context.get_current(), ask)
     done: Future[Outcome] = Future()
     loop = _loop()
     caller = contextvars.copy_context()  # the step's span and whatever else its thread carries
@@ -295,6 +308,7 @@ class _Feed:
     timeout: float | None
     cancel: threading.Event | None
     trace: otel_context.Context
+    ask: bool = True  # a new turn may be asked of the model (``run``)
 
 
 # Runs kept waiting for their next step, per process (the agent loop's own: touched only there). A
@@ -394,6 +408,8 @@ class _Live:
         if any(_told(recorded, call_id) != told for call_id, told in self.told.items()):
             return False
         kind, what = self.waits_for
+        if kind == "ask":  # stopped before asking a turn: nothing recorded to wait for
+            return True
         if kind == "turn":
             return what in recorded.turns
         return kind == "call" and _told(recorded, str(what)) is not None
@@ -725,6 +741,8 @@ class _RecordedModel(Model):
     async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
         self.box.turn += 1
         turn = self.box.turn
+        if turn not in self.live.feed.recorded.turns and not self.live.feed.ask and not self.live.dead:
+            await self.live.suspend(Unasked(turn), ("ask", turn))  # the next step's feed may ask it
         recorded = self.live.feed.recorded
         kept = recorded.turns.get(turn)
         if kept is not None:

@@ -14,6 +14,13 @@ What each kind of progress becomes (``replay`` finds it):
   commit: the task is ``waiting_approval`` only once both are written;
 - the final answer: fact ``output``, on to the step's ``next``.
 
+A new turn commits with what it leads to when that needs no other model turn: its first call (the
+evidence read, or the call's intent or approval), the pause for approval, or the answer. The step
+replays the run once more over the records plus the uncommitted turn (``replay.run(ask=False)``),
+decides as above, and commits both in one transition (``_together``). A turn that came with a handoff
+commits alone (``agent_handoff``: it stays a transition of its own in the history); so does one whose
+replay fails or would ask the model again (``agent_turn``), and the next step goes on from the records.
+
 What the run is told of a call comes from our records, never from the snapshot: the ledger's
 settled action (its reference, or why the system refused), the approver's rejection, the evidence
 read. A snapshot that thinks a call has not run, where the ledger says it settled, is told the
@@ -39,6 +46,7 @@ is withheld and the task quarantined: ``runtime.dispatch``.)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -120,18 +128,9 @@ def decide(
         except session.SessionItemUnreadable as exc:
             return quarantine(progress, "agent_memory_unreadable", str(exc))
     recorded = replay.Recorded(turns, outputs, rejected, start, start_turns, memory)
-    timeout = step.timeout.total_seconds() if step.timeout is not None else None
     started = time.monotonic()
     try:
-        with db.released():  # no database session held while the model answers
-            outcome = replay.run(
-                step,
-                _first_message(kind, step, facts),
-                recorded,
-                context=_shown(kind, step, facts),
-                timeout=timeout,
-                cancel=llm.cancel_signal.get(),
-            )
+        outcome = _replayed(kind, step, facts, recorded, ask=True)
     except replay.TurnInterrupted as exc:
         raise llm.TurnCanceled(str(exc)) from None
     except replay.TurnTimedOut as exc:
@@ -162,9 +161,69 @@ def decide(
         return retry_later(
             task, kind, progress, _failed_at(now, started), code="model_unavailable", reason=_said(said)
         )
+    went_on = functools.partial(
+        _went_on, task, kind, step, now=now, perform=perform, conversation=conversation
+    )
+    if not isinstance(outcome, replay.NewTurn):
+        return went_on(outcome, progress, facts, turns)
+    turned = _turn(task, step, progress, outcome, now, turns)
+    if turned.reason_code != "agent_turn":  # a handoff is a transition of its own; a quarantine is final
+        return turned
+    # What the new turn leads to (a call, a pause, the answer) is decided now, from the records plus
+    # this turn, and committed with it: one transition where two would do the same. The run replays
+    # the turn without asking the model anything; what it cannot decide yet (another turn to ask, a
+    # failure the next step meets again from the records) leaves the turn to commit alone.
+    with_turn = {
+        **turns,
+        outcome.turn: {"items": outcome.items, "usage": outcome.usage, "agent": outcome.agent},
+    }
+    try:
+        then = _replayed(kind, step, facts, dataclasses.replace(recorded, turns=with_turn), ask=False)
+    except Exception:  # noqa: BLE001 - met again, and decided, by the step that replays the committed turn
+        return turned
+    if isinstance(then, replay.NewTurn | replay.Unasked):
+        return turned
+    assert turned.progress is not None
+    return _together(turned, went_on(then, turned.progress, dict(turned.progress.facts), with_turn))
+
+
+def _replayed(
+    kind: registry.TaskType,
+    step: registry.AgentRun,
+    facts: dict[str, Any],
+    recorded: replay.Recorded,
+    *,
+    ask: bool,
+) -> replay.Outcome:
+    """``replay.run`` of ``step`` over ``recorded``; with ``ask``, no database session held meanwhile
+    (the model may be asked; a replay alone is over before a session would be worth giving back)."""
+    with db.released() if ask else contextlib.nullcontext():
+        return replay.run(
+            step,
+            _first_message(kind, step, facts),
+            recorded,
+            context=_shown(kind, step, facts),
+            timeout=step.timeout.total_seconds() if step.timeout is not None else None,
+            cancel=llm.cancel_signal.get(),
+            ask=ask,
+        )
+
+
+def _went_on(
+    task: Task,
+    kind: registry.TaskType,
+    step: registry.AgentRun,
+    outcome: replay.Outcome,
+    progress: Progress,
+    facts: dict[str, Any],
+    turns: dict[int, dict[str, Any]],
+    *,
+    now: datetime,
+    perform: Perform,
+    conversation: str,
+) -> Decision:
+    """The decision for where the run stopped short of a new turn: a call, a pause, or its answer."""
     match outcome:
-        case replay.NewTurn():
-            return _turn(task, step, progress, outcome, now, turns)
         case replay.CallNeeded():
             return _call(task, kind, step, progress, facts, outcome.call, now, perform, turns)
         case replay.Paused():
@@ -188,6 +247,19 @@ def decide(
                 also=remember,
             )
     raise AssertionError(f"unhandled replay outcome {outcome!r}")
+
+
+def _together(turned: Decision, then: Decision) -> Decision:
+    """One transition committing a new turn (``turned``) and what it led to (``then``, decided from
+    the turn's progress): ``then``'s, with the turn's rows and writes first and both reasons."""
+    return dataclasses.replace(
+        then,
+        reason=f"{turned.reason}; {then.reason}" if then.reason else turned.reason,
+        reason_code=then.reason_code or turned.reason_code,
+        changes={**turned.changes, **then.changes},
+        records=(*turned.records, *then.records),
+        also=(*turned.also, *then.also),
+    )
 
 
 def _from_a_request(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from django.db import connection
 from django.test import Client
 
 from approvals.models import ApprovalRequest
+from audit.models import TransitionEvent
 from ledger.models import Action
 from runtime.models import AgentTurn, ModelUsage
 from tasks.models import Task
@@ -107,11 +108,16 @@ def test_a_completed_refund_shows_each_turn_its_calls_their_fates_and_its_usage(
     assert f"action #{refund_action.id}" in refund
     assert "email_customer ( call_3_email_customer ) → succeeded" in email
     assert final.startswith("4 support scripted-support-v1 answered")
-    # Each turn's tokens are its own usage row (the version it was decided from), and its transition.
-    for row, turn in zip(rows, AgentTurn.objects.filter(task=task).order_by("turn"), strict=True):
+    # Each turn's tokens are its own usage row (the version it was decided from), and its transition:
+    # the one that committed it with what it led to (the read, the call's intent, the answer).
+    turns = AgentTurn.objects.filter(task=task).order_by("turn")
+    committed = [TransitionEvent.objects.get(task=task, state_version=t.state_version + 1) for t in turns]
+    codes = [event.reason_code for event in committed]
+    assert codes == ["agent_evidence", "agent_tool_call", "agent_tool_call", "agent_finished"]
+    for row, turn, event in zip(rows, turns, committed, strict=True):
         used = ModelUsage.objects.get(task=task, state_version=turn.state_version)
         assert f"{used.input_tokens} / {used.output_tokens}" in row
-        assert f"v{turn.state_version + 1} agent_turn" in row
+        assert f"v{event.state_version} {event.reason_code}" in row
     # What the customer wrote and the call's arguments stay out of the page's turns.
     assert "c@example.com" not in " ".join(rows) and "30.00" not in " ".join(rows)
 

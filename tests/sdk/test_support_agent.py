@@ -65,9 +65,17 @@ def test_a_small_refund_runs_to_completion_with_every_call_through_the_ledger(ac
         .order_by("state_version")
         .values_list("reason_code", flat=True)
     )
-    assert (
-        codes.count("agent_turn") == 4 and "agent_evidence" in codes and codes.count("agent_tool_call") == 2
-    )
+    # Each turn commits with what it led to: the look-up read, the two calls' intents, the answer.
+    assert codes == [
+        "",  # created
+        "agent_evidence",
+        "agent_tool_call",
+        "",  # the refund's outcome recorded
+        "agent_tool_call",
+        "",  # the e-mail's outcome recorded
+        "agent_finished",
+        "",  # completed
+    ]
     assert ModelUsage.objects.filter(task=task).count() == 4
 
 
