@@ -600,7 +600,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument("--tasks", type=int, default=120, help="tasks per cell (default 120)")
     parser.add_argument("--latencies", default="0,300", help="model latencies in ms (default 0,300)")
-    parser.add_argument("--repeat", type=int, default=1, help="runs per cell; the median is reported")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=2,
+        help="runs per cell, each kind first in turn (default 2); the median is reported",
+    )
     parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     parser.add_argument("--concurrency", type=int, default=16,
                         help="run_worker --concurrency: tasks in flight per worker (default 16)")  # fmt: skip
