@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 import httpx
 from django.conf import settings
+from django.core.signals import setting_changed
 from opentelemetry import trace
 
 from audit.redaction import redact
@@ -285,3 +286,13 @@ def default_model() -> Model:
             timeout=settings.MODEL_TIMEOUT,
         )
     return ScriptedModel(latency=settings.MODEL_LATENCY_MS / 1000)
+
+
+def _forget(setting: str, **_: Any) -> None:
+    """A changed ``MODEL_*`` setting (a test's, or ``override_settings``) is the next model's: the
+    process's cached one was built from the old values."""
+    if setting.startswith("MODEL_"):
+        default_model.cache_clear()
+
+
+setting_changed.connect(_forget, dispatch_uid="runtime.llm.forget")

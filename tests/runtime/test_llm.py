@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from runtime import llm
 from runtime.llm import ModelUnavailable, OpenAICompatibleModel, Reply, ScriptedModel
 
 
@@ -301,3 +302,16 @@ def test_scripted_model_answers_only_from_the_scripts_it_was_given():
     assert model.complete(prompt_id="echo@1", system="", facts={"x": 7}).text == "7"
     with pytest.raises(ModelUnavailable):
         model.complete(prompt_id=TRIAGE, system="", facts={})
+
+
+def test_the_process_model_follows_a_change_of_its_settings(settings):
+    """The process's model is cached; a changed ``MODEL_*`` setting (a test's, ``override_settings``)
+    must not leave the old one in place: a suite that pointed it at a stopped server once left every
+    later task of that process failing its model turns (``model_unavailable``)."""
+    settings.MODEL_BACKEND = "openai"
+    settings.MODEL_URL = "http://127.0.0.1:9/v1"
+    settings.MODEL_NAME = "x"
+    assert isinstance(llm.default_model(), OpenAICompatibleModel)
+
+    settings.MODEL_BACKEND = "scripted"
+    assert isinstance(llm.default_model(), ScriptedModel)
