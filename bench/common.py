@@ -7,10 +7,14 @@ Nothing here imports Django at module level: spawned writers import it before th
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import secrets
 import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -169,6 +173,25 @@ def migrate_database(server_url: str, dbname: str, *, fresh: bool = False) -> st
     how = f"copied from {template}"
     print(f"database    {dbname}: {how}", flush=True)
     return how
+
+
+@contextmanager
+def run_database(server_url: str, args: argparse.Namespace) -> Iterator[str]:
+    """A run's own database, around the run: ``args.database`` (``add_database_arguments``) created on
+    ``server_url``, Django set up on it with DEBUG off, migrated; yields its URL. Afterwards (on an
+    error, Ctrl-C or SIGTERM too) Django's connections are closed and the database dropped, unless
+    ``--keep-database``. Stop the servers and workers the run started inside the block: they use it."""
+    url = with_dbname(server_url, args.database)
+    recreate_database(server_url, args.database, create=True)
+    try:
+        os.environ["DATABASE_URL"] = url
+        setup_django(debug=False)
+        migrate_database(server_url, args.database, fresh=args.fresh_migrate)
+        yield url
+    finally:
+        if "django.db" in sys.modules:
+            sys.modules["django.db"].connections.close_all()
+        drop_unless_kept(server_url, args.database, args.keep_database)
 
 
 def add_smoke_argument(parser: Any) -> None:

@@ -36,7 +36,6 @@ import os
 import pwd
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,15 +56,21 @@ from bench.common import (  # noqa: E402
     DEFAULT_SERVER_URL,
     RESULTS_DIR,
     add_database_arguments,
-    drop_unless_kept,
     machine_info,
-    migrate_database,
     print_machine,
-    recreate_database,
-    setup_django,
-    with_dbname,
+    run_database,
 )
-from bench.e2e import POLL, Server, Workers, _make_orders, _make_tasks, _verify  # noqa: E402
+from bench.e2e import (  # noqa: E402
+    DEFAULT_TTL,
+    POLL,
+    Server,
+    Workers,
+    _free_port,
+    _make_orders,
+    _make_tasks,
+    _not_done,
+    _verify,
+)
 
 TICKS = os.sysconf("SC_CLK_TCK")
 SERVER_USER = "postgres"
@@ -130,12 +135,6 @@ def _bindir() -> Path:
 
 def _as_server_user(argv: list[str]) -> list[str]:
     return ["runuser", "-u", SERVER_USER, "--", *argv] if os.geteuid() == 0 else argv
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager
@@ -227,7 +226,7 @@ def _wait_done(tenant: Any, workers: Workers, max_wait: float) -> None:
     """Until every task is terminal, polling every quarter second: this process's own statements are
     counted in the same database, so they are kept few (and subtracted, see ``measure``)."""
     deadline = time.monotonic() + max_wait
-    while _not_done_count(tenant):
+    while _not_done(tenant):
         if time.monotonic() > deadline:
             raise RuntimeError(f"tasks not done after {max_wait:g} s:\n{workers.log_tails()}")
         workers.check_alive()
@@ -274,7 +273,7 @@ def measure(
             "sandbox": tree_cpu(server.process.pid),
             "postgresql": tree_cpu(postmaster) if postmaster else 0.0,
         }
-        done_at_start = args.tasks - _not_done_count(tenant)
+        done_at_start = args.tasks - _not_done(tenant)
         with connection.execute_wrapper(count_own):
             _wait_done(tenant, workers, args.max_wait)
         backends = [] if postmaster else _backends(url)
@@ -325,13 +324,6 @@ def measure(
     return result
 
 
-def _not_done_count(tenant: Any) -> int:
-    from tasks.models import Task
-    from tasks.states import TERMINAL
-
-    return Task.objects.filter(tenant=tenant).exclude(state__in=TERMINAL).count()
-
-
 def render(result: dict[str, Any]) -> str:
     lb, la = result["load_before"], result["load_after"]
     lines = [
@@ -366,7 +358,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--latency-ms", type=float, default=0)
     parser.add_argument("--idle", type=float, default=0.1)
-    parser.add_argument("--lease-ttl", type=float, default=30.0)
+    parser.add_argument("--lease-ttl", type=float, default=DEFAULT_TTL)
     parser.add_argument("--liveness", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--server-workers", type=int, default=2)
@@ -396,13 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, server_url: str, postmaster: int | None) -> int:
-    url = with_dbname(server_url, args.database)
-    recreate_database(server_url, args.database, create=True)
-    server: Server | None = None
-    try:
-        os.environ["DATABASE_URL"] = url
-        setup_django(debug=False)
-        migrate_database(server_url, args.database, fresh=args.fresh_migrate)
+    with run_database(server_url, args) as url:
         _make_orders(args.tasks, random.Random(1))
         info = machine_info(url)
         print_machine(info, debug=False)
@@ -412,12 +398,13 @@ def run(args: argparse.Namespace, server_url: str, postmaster: int | None) -> in
             server = Server(
                 "gunicorn", sandbox_url, logs, workers=args.server_workers, threads=args.server_threads
             )
-            print(f"run         {args.workers} x run_worker --concurrency {args.concurrency}, model "
-                  f"{args.latency_ms:g} ms, sandbox {server.description}, database {args.database}"
-                  f"{' on a private cluster' if postmaster else ''}\n", flush=True)  # fmt: skip
-            result = measure(args, url, server, logs, postmaster)
-            server.stop()
-            server = None
+            try:
+                print(f"run         {args.workers} x run_worker --concurrency {args.concurrency}, model "
+                      f"{args.latency_ms:g} ms, sandbox {server.description}, database {args.database}"
+                      f"{' on a private cluster' if postmaster else ''}\n", flush=True)  # fmt: skip
+                result = measure(args, url, server, logs, postmaster)
+            finally:
+                server.stop()
         print(f"verified    {result['verified']} tasks: completed, chains intact, each step once "
               f"({result['retried']} retried a failed read)\n")  # fmt: skip
         print(render(result))
@@ -427,12 +414,6 @@ def run(args: argparse.Namespace, server_url: str, postmaster: int | None) -> in
             path.write_text(json.dumps({"machine": info, "args": vars(args), "result": result}, indent=2))
             print(f"\nresults     {path.relative_to(ROOT)}")
         return 0
-    finally:
-        if server is not None:
-            server.stop()
-        if "django.db" in sys.modules:
-            sys.modules["django.db"].connections.close_all()
-        drop_unless_kept(server_url, args.database, args.keep_database)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@ client CPU than PostgreSQL spent executing them (``bench/transitions.py``).
 Here the SQL is built once from the models' own metadata, and every value
 still passes through its field's database conversion in both directions, so
 the statements cannot drift from the models.
+
+The reads (``load``, ``rows``) are compiled from a queryset instead, with stand-in values for what
+changes between calls (a task id, a step name), which are afterwards only swapped in: the queryset
+stays the one description of the read. ``runtime.compiled`` serves the worker's own reads with them.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from uuid import UUID
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import ForeignObjectRel, QuerySet
+from django.db.models.sql.compiler import SQLCompiler
 
 from tasks.models import CancelRequest, CancelScope, Lease, Task
 
@@ -56,7 +61,93 @@ def _quoted(connection: BaseDatabaseWrapper, field: models.Field[Any, Any] | For
     return connection.ops.quote_name(field.column)
 
 
-_SENTINEL = UUID(int=0)
+_SENTINEL = UUID(int=0)  # the stand-in task id
+
+
+def _text(n: int) -> str:
+    """The n-th stand-in text: no real name begins with a unit separator."""
+    return f"\x1fstand-in-{n}"
+
+
+def _task_value(task_id: UUID | str, connection: BaseDatabaseWrapper) -> Any:
+    """A task id as this backend binds it."""
+    return Task._meta.pk.get_db_prep_value(Task._meta.pk.to_python(task_id), connection)
+
+
+@dataclass(frozen=True)
+class _Query:
+    """A queryset compiled once with stand-ins, and where the real values go among its parameters."""
+
+    sql: str
+    params: tuple[Any, ...]
+    task_slots: tuple[int, ...]
+    text_slots: tuple[tuple[int, int], ...]  # (position in params, index of the text argument)
+    compiler: SQLCompiler
+    converters: dict[int, Any]
+    model: type[models.Model]
+    names: tuple[str, ...]  # the model's concrete fields, from which ``load`` makes an instance
+    annotations: tuple[str, ...]
+
+
+def _compile(build: Callable[..., QuerySet[Any]], texts: int, connection: BaseDatabaseWrapper) -> _Query:
+    stand_ins = [_text(n) for n in range(texts)]
+    queryset = build(_SENTINEL, *stand_ins)
+    compiler = queryset.query.get_compiler(connection=connection)
+    sql, params = compiler.as_sql()
+    task = _task_value(_SENTINEL, connection)
+    task_slots = tuple(i for i, value in enumerate(params) if value == task)
+    text_slots = tuple((i, stand_ins.index(value)) for i, value in enumerate(params) if value in stand_ins)
+    if not task_slots or len({n for _, n in text_slots}) != texts:
+        raise ValueError(
+            "a stand-in does not appear as a parameter: compare values exactly (no contains, no casts)"
+        )
+    converters = compiler.get_converters([column for column, _, _ in compiler.select])
+    model = queryset.model
+    names = tuple(f.attname for f in model._meta.concrete_fields)
+    annotations = tuple(queryset.query.annotation_select)
+    return _Query(sql, tuple(params), task_slots, text_slots, compiler, converters, model, names, annotations)
+
+
+def _select(
+    key: tuple[str, str],
+    build: Callable[..., QuerySet[Any]],
+    task_id: UUID | str,
+    texts: tuple[str, ...],
+    *,
+    first: bool,
+) -> tuple[_Query, list[tuple[Any, ...]]]:
+    """Run ``build(task_id, *texts)``, compiled once per connection under ``key``: its rows (only the
+    first one if ``first``), every column through its field's converters."""
+    connection, prepared = _connection(), _prepared()
+    query: _Query | None = prepared.get(key)
+    if query is None:
+        query = prepared[key] = _compile(build, len(texts), connection)
+    params = list(query.params)
+    task = _task_value(task_id, connection)
+    for slot in query.task_slots:
+        params[slot] = task
+    for slot, n in query.text_slots:
+        params[slot] = texts[n]
+    with connection.cursor() as cursor:
+        cursor.execute(query.sql, params)
+        if first:
+            row = cursor.fetchone()
+            found: list[tuple[Any, ...]] = [] if row is None else [row]
+        else:
+            found = cursor.fetchall()
+    if found and query.converters:
+        found = [tuple(row) for row in query.compiler.apply_converters(found, query.converters)]
+    return query, found
+
+
+def rows(
+    key: str, build: Callable[..., QuerySet[Any]], task_id: UUID | str, *texts: str
+) -> list[tuple[Any, ...]]:
+    """``list(build(task_id, *texts))`` for a ``values_list`` queryset (a union of them too), whose SQL is
+    built once per connection, with stand-in values, and afterwards only the values change. ``build``
+    must use its arguments only as exact values (``task=…``, ``step=…``): they are found among the
+    compiled statement's parameters (``ValueError`` if one is not)."""
+    return _select(("rows", key), build, task_id, texts, first=False)[1]
 
 
 def load(key: str, build: Callable[[UUID], QuerySet[Any]], task_id: UUID | str) -> Any:
@@ -65,42 +156,14 @@ def load(key: str, build: Callable[[UUID], QuerySet[Any]], task_id: UUID | str) 
 
     Annotations of the query are set on the row as attributes, as the ORM would.
     """
-    connection, prepared = _connection(), _prepared()
-    if key not in prepared:
-        queryset = build(_SENTINEL)
-        compiler = queryset.query.get_compiler(connection=connection)
-        sql, params = compiler.as_sql()
-        converters = compiler.get_converters([col for col, _, _ in compiler.select])
-        model = queryset.model
-        names = [f.attname for f in model._meta.concrete_fields]
-        stand_in = Task._meta.pk.get_db_prep_value(_SENTINEL, connection)  # as this backend binds a UUID
-        slots = [i for i, value in enumerate(params) if value == stand_in]
-        prepared[key] = (
-            sql,
-            list(params),
-            slots,
-            compiler,
-            converters,
-            model,
-            names,
-            list(queryset.query.annotation_select),
-        )
-    sql, params, slots, compiler, converters, model, names, annotations = prepared[key]
-    value = Task._meta.pk.get_db_prep_value(Task._meta.pk.to_python(task_id), connection)
-    params = list(params)
-    for slot in slots:
-        params[slot] = value
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
+    query, found = _select(("load", key), build, task_id, (), first=True)
+    if not found:
         return None
-    if converters:
-        row = next(compiler.apply_converters([row], converters))
-    found = model.from_db(connection.alias, names, row[: len(names)])
-    for name, extra in zip(annotations, row[len(names) :], strict=True):
-        setattr(found, name, extra)
-    return found
+    (row,) = found
+    instance = query.model.from_db(_connection().alias, query.names, row[: len(query.names)])
+    for name, extra in zip(query.annotations, row[len(query.names) :], strict=True):
+        setattr(instance, name, extra)
+    return instance
 
 
 def load_task(task_id: UUID | str) -> Task | None:

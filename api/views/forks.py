@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.serializers import TaskDetail, storable
-from api.views.tasks import MAX_VERSION, _started
+from api.views.tasks import MAX_VERSION, TaskRerunApi, _started
 from reads import visibility
 from tasks import forks
 from tasks.selectors import roles_in
@@ -46,24 +46,15 @@ class TaskForkApi(APIView):
 
     token_scopes = {"POST": Scope.OPERATE}
 
-    class ForkInput(serializers.Serializer[None]):
+    # A rerun's fields (reason, idempotency key, deadline and their checks), plus where to resume and
+    # what to change. No docstring: drf-spectacular would publish it as the schema's description.
+    class ForkInput(TaskRerunApi.RerunInput):
         version = serializers.IntegerField(
             min_value=1, max_value=MAX_VERSION, help_text="The checkpoint version to resume from"
         )
-        reason = serializers.CharField(max_length=2000)
         input = serializers.JSONField(
             required=False, help_text="New values of the input fields the task type lets a fork change"
         )
-        idempotency_key = serializers.CharField(max_length=200, required=False, allow_blank=False)
-        deadline = serializers.DateTimeField(required=False, allow_null=True)
-
-        def validate_reason(self, value: str) -> str:
-            storable(value, "reason")
-            return value
-
-        def validate_idempotency_key(self, value: str) -> str:
-            storable(value, "idempotency_key")
-            return value
 
         def validate_input(self, value: Any) -> dict[str, Any]:
             if not isinstance(value, dict):
