@@ -9,8 +9,12 @@ Celery worker (``runtime.workers.bulk_run``) and picked up by ``run_worker``'s
 loop too (``run_pending``): whoever claims the operation first runs it, in
 batches of ``CHUNK``, moving the operation's progress counters after each.
 
-Durable: the results are written at confirmation (one ``INSERT … SELECT``, no task
-read into Python), each is settled once (only a ``pending`` row is written), and a
+Durable: the confirmation records each selected task at its version in one ``BulkSnapshot`` row (one
+``INSERT … SELECT`` aggregating the selection's own query, no task read into Python); the results
+are written out from it, ``pending``, in the request for an operation it runs and by the first runner
+for a larger one (one statement, which deletes the snapshot as it writes them, so only one runner
+ever does). The runner needs none of the queue's filters: the selection was resolved when the
+operator confirmed. Each result is settled once (only a ``pending`` row is written), and a
 runner killed mid-batch is taken over after ``RUNNER_TIMEOUT``; the one task it may
 have acted on without settling the result is found by its transition's reason
 (which names the operation), recorded ``applied``, and never acted on twice (the
@@ -36,7 +40,7 @@ from django.utils import timezone
 from audit.models import TransitionEvent
 from config.celery import app
 from runtime import controls
-from runtime.models import BulkOperation, BulkResult, BulkStatus, Outcome
+from runtime.models import BulkOperation, BulkResult, BulkSnapshot, BulkStatus, Outcome
 from tasks import services
 from tasks.checkpoints import CheckpointUnreadable
 from tasks.exceptions import StaleVersion, TransitionNotAllowed
@@ -83,15 +87,16 @@ def bulk_create(
     escalate_to: str = "",
     now: datetime | None = None,
 ) -> BulkOperation:
-    """Record the operation and one ``pending`` result per task of ``tasks`` at its current version.
+    """Record the operation and each task of ``tasks`` at its current version.
 
     ``tasks`` is already scoped to what ``user`` may see (the caller's selector).
     Refuses (``BulkRefused``) an unknown control, a blank reason, an empty
-    selection or more than ``max_tasks()`` tasks. Rings a worker after commit when
-    the operation is larger than ``sync_limit()``; the caller runs smaller ones.
-    The results are written by one ``INSERT … SELECT`` (each task's id, tenant and
-    version as the statement reads them), so a selection of 233,114 tasks never
-    passes through Python.
+    selection or more than ``max_tasks()`` tasks. The selection is kept as one
+    snapshot row (each task's id, tenant and version as the statement reads them),
+    so a selection of 233,114 tasks never passes through Python. Up to
+    ``sync_limit()`` tasks, the ``pending`` results are written from it here, for the
+    caller to run; a larger operation rings a worker after commit, and its first
+    runner writes them (the request writes one row however many tasks match).
     """
     reason = reason.strip()
     if control not in CONTROLS:
@@ -120,23 +125,68 @@ def bulk_create(
         operation.total = total
         if total > sync_limit():
             transaction.on_commit(functools.partial(ring, operation.id))
+        else:
+            _write_results(operation.pk)
     return operation
 
 
 def _snapshot(operation: BulkOperation, tasks: QuerySet[Task], *, limit: int) -> int:
-    """One ``pending`` result per task of ``tasks`` (at most ``limit``), at its current version, written
-    by the database from the selection's own query. Returns how many."""
+    """Each task of ``tasks`` (at most ``limit``) at its current version, as ``operation``'s one snapshot
+    row, aggregated by the database from the selection's own query. Returns how many."""
     chosen = tasks.order_by("id").values("id", "tenant_id", "state_version")[:limit]
     sql, params = chosen.query.sql_with_params()
-    table = BulkResult._meta.db_table
+    table = BulkSnapshot._meta.db_table
+    if connection.vendor == "postgresql":
+        body = (
+            "COALESCE(jsonb_agg(jsonb_build_array(chosen.id, chosen.tenant_id, chosen.state_version) "
+            "ORDER BY chosen.id), '[]'::jsonb)"
+        )
+        length = "jsonb_array_length(body)"
+    else:  # SQLite (the embedded demo): the subquery's order is the aggregate's
+        body = "json_group_array(json_array(chosen.id, chosen.tenant_id, chosen.state_version))"
+        length = "json_array_length(body)"
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {table} (operation_id, task_id, tenant_id, expected_version, outcome, detail, "  # noqa: S608
-            f"state_after) SELECT %s, chosen.id, chosen.tenant_id, chosen.state_version, %s, '', '' "
-            f"FROM ({sql}) chosen",
-            [operation.pk.hex if connection.vendor == "sqlite" else operation.pk, Outcome.PENDING, *params],
+            f"INSERT INTO {table} (operation_id, body) SELECT %s, {body} "  # noqa: S608 - no input in the names
+            f"FROM ({sql}) chosen RETURNING {length}",
+            [_key(operation.pk), *params],
         )
-        return int(cursor.rowcount)
+        return int(cursor.fetchone()[0])
+
+
+def _write_results(operation_id: UUID) -> int:
+    """Write out the operation's snapshot as one ``pending`` result per task, in task id order, and
+    delete it: one statement on PostgreSQL, so two runners racing here write the results once (the
+    second finds the snapshot gone). Returns the results written (0 when they were written already)."""
+    results, snapshots = BulkResult._meta.db_table, BulkSnapshot._meta.db_table
+    columns = "operation_id, task_id, tenant_id, expected_version, outcome, detail, state_after"
+    key = _key(operation_id)
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"WITH taken AS (DELETE FROM {snapshots} WHERE operation_id = %s RETURNING body) "  # noqa: S608
+                f"INSERT INTO {results} ({columns}) "
+                "SELECT %s, (e.value->>0)::uuid, (e.value->>1)::integer, (e.value->>2)::integer, %s, '', '' "
+                "FROM taken, jsonb_array_elements(taken.body) WITH ORDINALITY AS e(value, n) ORDER BY e.n",
+                [key, key, Outcome.PENDING],
+            )
+            return int(cursor.rowcount)
+        # SQLite serialises writers (its transactions take the write lock as they begin).
+        cursor.execute(
+            f"INSERT INTO {results} ({columns}) "  # noqa: S608
+            "SELECT s.operation_id, json_extract(e.value, '$[0]'), json_extract(e.value, '$[1]'), "
+            "json_extract(e.value, '$[2]'), %s, '', '' "
+            f"FROM {snapshots} s, json_each(s.body) e WHERE s.operation_id = %s ORDER BY e.key",
+            [Outcome.PENDING, key],
+        )
+        written = int(cursor.rowcount)
+        cursor.execute(f"DELETE FROM {snapshots} WHERE operation_id = %s", [key])  # noqa: S608
+        return written
+
+
+def _key(operation_id: UUID) -> Any:
+    """The operation's id as a raw statement binds it (SQLite keeps a UUID as its hex)."""
+    return operation_id.hex if connection.vendor == "sqlite" else operation_id
 
 
 def ring(operation_id: UUID) -> None:
@@ -166,8 +216,9 @@ def bulk_run(
 
     1. claim it: ``queued``, already ours, or ``running`` under a runner silent for
        ``RUNNER_TIMEOUT`` (it died); otherwise someone else runs it — return;
-    2. recount the settled results into the progress counters once (a runner that
-       died may have settled some after its last update);
+    2. write out the results from the confirmation's snapshot if no runner has yet,
+       then recount the settled results into the progress counters once (a runner
+       that died may have settled some after its last update);
     3. take the next ``CHUNK`` pending results (id order) and apply the control to
        each at its confirmed version, settling each result once; add what this
        runner settled to the counters and beat the heartbeat (one ``UPDATE``); a
@@ -201,6 +252,9 @@ def bulk_run(
     user = None
     if operation.created_by_id is not None:  # an account deleted since: every task is refused
         user = get_user_model().objects.filter(pk=operation.created_by_id).first()
+    # Every call, not only a fresh claim's: a runner whose claim is still fresh may have died writing
+    # them (the statement rolled back). One statement, a no-op once they are written.
+    _write_results(operation.pk)
     if not continuing and not _recount(operation, runner, now=clock()):
         operation.refresh_from_db()
         return operation

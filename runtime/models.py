@@ -2,8 +2,9 @@
 
 A ``BulkOperation`` is what an operator confirmed: a control, one reason, and
 the exact set of tasks at the versions they had when it was confirmed (its
-``BulkResult`` rows, written ``pending`` at confirmation). Running it fills each
-result once (``pending`` → applied / unchanged / refused / stale) and moves the
+``BulkResult`` rows, written ``pending``: by the confirmation itself for an operation run in the
+request, by the first runner for a larger one, from the ``BulkSnapshot`` the confirmation took).
+Running it fills each result once (``pending`` → applied / unchanged / refused / stale) and moves the
 operation's counters; nothing rewrites a settled result. Each applied control is
 also an ordinary transition with its own audit event naming the operation.
 """
@@ -91,6 +92,26 @@ class BulkResult(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_id} v{self.expected_version}: {self.outcome}"
+
+
+class BulkSnapshot(models.Model):
+    """What a large operation's confirmation selected, in one row, until its first runner writes it
+    out as ``pending`` results (and deletes this row, in the same transaction).
+
+    ``body`` is ``[[task id, tenant id, version], …]`` in task id order, built by the database from the
+    selection's own query (``runtime.bulk``): one row written in the request however many tasks match,
+    where one result row per task (and its index entries) cost the request seconds per 50,000 tasks.
+    The runner needs no filter of the queue to write the results: the selection was resolved at
+    confirmation.
+    """
+
+    operation = models.OneToOneField(
+        BulkOperation, primary_key=True, on_delete=models.CASCADE, related_name="snapshot"
+    )
+    body = models.JSONField()
+
+    def __str__(self) -> str:
+        return f"snapshot of {self.operation_id}"
 
 
 class AlertKind(models.TextChoices):

@@ -12,6 +12,7 @@ from io import StringIO
 
 import pytest
 from django.conf import settings as django_settings
+from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
@@ -23,13 +24,14 @@ from demo.cases.seeding import STUCK_REGION
 from demo.management.commands.seed_demo import DEMO_TOTP_SECRET, TENANTS, give_demo_device
 from demo.sandbox.models import Fault
 from ledger.models import Action, DispatchState
+from runtime import rollups
 from runtime.reconcile import reconcile_unknown
 from runtime.runner import run_available
 from runtime.sweep import sweep
 from tasks import compensation
 from tasks.models import Task
 from tasks.selectors import stuck_condition
-from tasks.states import State
+from tasks.states import TERMINAL, State
 from tests.console.test_agent_turns import off_the_loop
 from tests.second_factor import key_of, totp_code
 
@@ -96,6 +98,24 @@ def test_seeding_twice_changes_nothing(demo):
         Fault.objects.count(),
     )
     assert again == counts
+
+
+def test_the_dashboard_reads_the_seeded_tasks_right_after_seeding(demo):
+    # No beat has run: the reading is seed_demo's own recount, of every task it seeded.
+    acme = Task.objects.filter(tenant__slug="acme")
+    in_progress = acme.exclude(state__in=TERMINAL).count()
+    assert in_progress > 0
+    client = Client()
+    client.force_login(get_user_model().objects.get(username="acme-operator"))
+    html = client.get("/console/dashboard/").content.decode()
+    assert "No reading yet" not in html and "as of" in html
+    assert f"<strong>{in_progress}</strong> tasks in progress" in html
+    # The queue's maintained counts, per state, are the seeded tasks' too.
+    states = sorted(set(acme.values_list("state", flat=True)))
+    counted = rollups.state_counts([acme.first().tenant_id], [(state, [state]) for state in states])
+    assert {state: found.n for state, found in counted.items()} == {
+        state: acme.filter(state=state).count() for state in states
+    }
 
 
 def test_refuses_under_production_settings(settings):

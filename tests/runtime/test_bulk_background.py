@@ -9,19 +9,23 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audit.models import TransitionEvent
 from console.bulk import exact_count
 from runtime import bulk
-from runtime.models import BulkOperation, BulkResult, BulkStatus, Outcome
+from runtime.models import BulkOperation, BulkResult, BulkSnapshot, BulkStatus, Outcome
 from tasks.models import Task
+from tasks.states import State
+from tasks.transitions import Actor, advance
 from tests.conftest import make_task
 from tests.workflow import ROOT, database_url, wait_for
 
@@ -113,7 +117,7 @@ def test_a_preview_that_cannot_count_in_time_says_counting_and_the_follow_up_fil
 
 
 @pytest.mark.django_db
-def test_the_results_are_written_by_the_database_and_progress_moves_by_batch(
+def test_the_worker_writes_the_results_the_confirmation_snapshotted_and_progress_moves_by_batch(
     operator, acme, settings, monkeypatch
 ):
     settings.BULK_SYNC_LIMIT = 5
@@ -121,13 +125,24 @@ def test_the_results_are_written_by_the_database_and_progress_moves_by_batch(
     monkeypatch.setattr(bulk, "ring", lambda operation_id: None)
     tasks = [make_task(acme, objective=f"Batch {n}") for n in range(10)]
     client = _client(operator)
-    operation = _confirm(client, "Batch")
+    with CaptureQueriesContext(connection) as confirming:
+        operation = _confirm(client, "Batch")
+    # The request writes the one snapshot row, no per-task result: that is the worker's to write.
+    assert not [
+        q
+        for q in confirming
+        if 'INTO "runtime_bulkresult"' in q["sql"] or "INTO runtime_bulkresult" in q["sql"]
+    ]
     assert (operation.status, operation.total, BulkResult.objects.filter(operation=operation).count()) == (
         BulkStatus.QUEUED,
         10,
-        10,
+        0,
     )
+    page = client.get(f"/console/bulk/{operation.id}/").content.decode()
+    assert "0 of 10" in page and "the worker writes each task" in page
     assert bulk.run_pending("w1", budget=4) == 4
+    assert BulkResult.objects.filter(operation=operation).count() == 10
+    assert not BulkSnapshot.objects.filter(operation=operation).exists()
     page = client.get(f"/console/bulk/{operation.id}/").content.decode()
     assert "4 of 10" in page and 'http-equiv="refresh"' in page
     bulk.bulk_run(operation.id, runner="w1")
@@ -135,6 +150,53 @@ def test_the_results_are_written_by_the_database_and_progress_moves_by_batch(
     assert (operation.status, operation.done, operation.applied) == (BulkStatus.DONE, 10, 10)
     assert _bulk_events(operation) == {str(task.id): 1 for task in tasks}
     assert 'http-equiv="refresh"' not in client.get(f"/console/bulk/{operation.id}/").content.decode()
+
+
+@pytest.mark.django_db
+def test_a_task_that_moves_before_the_worker_writes_the_results_is_stale_at_its_confirmed_version(
+    operator, acme, settings, monkeypatch
+):
+    """The results come from what the operator confirmed, not from the tasks when the worker starts:
+    a task moved in between keeps its confirmed version and is left alone."""
+    settings.BULK_SYNC_LIMIT = 2
+    monkeypatch.setattr(bulk, "ring", lambda operation_id: None)
+    moved, *kept = [make_task(acme, objective=f"Moved later {n}") for n in range(4)]
+    operation = _confirm(_client(operator), "Moved later")
+    advance(moved.id, 1, State.QUARANTINED, actor=Actor.system("t"), reason_code="checkpoint_corrupt")
+    operation = bulk.bulk_run(operation.id, runner="w1")
+    assert (operation.status, operation.applied, operation.stale) == (BulkStatus.DONE, 3, 1)
+    result = BulkResult.objects.get(operation=operation, task_id=moved.id)
+    assert (result.expected_version, result.outcome, result.version_after) == (1, Outcome.STALE, 2)
+    assert Task.objects.get(pk=moved.id).state == State.QUARANTINED  # not overwritten
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_runners_writing_out_the_same_snapshot_at_once_write_each_result_once(
+    operator, acme, settings, monkeypatch
+):
+    """Two real PostgreSQL sessions: the second blocks on the snapshot row, then finds it gone."""
+    settings.BULK_SYNC_LIMIT = 2
+    monkeypatch.setattr(bulk, "ring", lambda operation_id: None)
+    for n in range(6):
+        make_task(acme, objective=f"Raced {n}")
+    operation = _confirm(_client(operator), "Raced")
+    ready, written = threading.Barrier(2), []
+
+    def write_out() -> None:
+        try:
+            ready.wait(10)
+            written.append(bulk._write_results(operation.pk))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=write_out) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(written) == [0, 6]
+    assert BulkResult.objects.filter(operation=operation).count() == 6
+    assert not BulkSnapshot.objects.filter(operation=operation).exists()
 
 
 @pytest.mark.django_db
