@@ -5,7 +5,10 @@ What it runs, each as its own script in a subprocess (each creates and drops its
 1. ``transitions.py``: ``advance()`` against the same SQL issued raw, at 1 and 8 writers.
 2. ``e2e.py`` throughput cells: ``order_lookup`` at 1/2/4 worker processes x 1/16/64 tasks in
    flight x 0/300 ms model latency. Tasks per cell are sized from the work's expected rate so each
-   cell takes seconds, not minutes (``--cell-seconds``).
+   cell takes seconds, not minutes (``--cell-seconds``). Every cell samples each worker's resident
+   set (``VmRSS``); the 2-process cells at 0 ms also run ``pgbench`` in the cell's own database after
+   the workers stop: the database's own commit rate for a transaction shaped like a transition (an
+   UPDATE of one row, two INSERTs) at the same concurrency (``e2e.py --pgbench-seconds``).
 3. The peers: the same work on DBOS Transact (``bench/peers``) in the same run, against the same
    PostgreSQL server and sandbox, at 2 processes x 16/64 in flight x 0/300 ms; ratios ours/DBOS.
 4. ``leases.py``: lease claims under contention, ``claim_next`` against the same claim issued raw,
@@ -16,14 +19,19 @@ What it runs, each as its own script in a subprocess (each creates and drops its
    native workflow, at 0 and 300 ms model latency, and the bytes each leaves per task.
 7. ``a2a_vs_rest.py``: the same tasks started and followed through A2A (the a2a-sdk client) and through the
    REST API, same run, same workers, 300 ms model latency; A2A / REST.
+8. Backlog: ``e2e.py --backlog N`` at 2 processes x 64 in flight, 0 ms, with 1,000, 10,000 and 100,000
+   tasks queued before the workers start (each in its own database); tasks/s over the first
+   ``--backlog-measure`` completions. Claiming must not slow as the queue grows.
 
 Each figure is the median over ``--repeat`` runs. The run ends with the goals table of issue 27
 (ours/DBOS at 16 and 64 in flight and 0 and 300 ms, advance()/raw at 1 and 8 writers, claims/raw at
-1, 4 and 8 claimers, each against its goal). Results are printed as tables and written as JSON to
-``bench/results/all-<time>.json``, every figure with the load average (``os.getloadavg()``) at the
-start and end of the script run that measured it. The machine has 2 cores: cells at 4 processes x 64
-measure CPU, not the runtime's waiting. ``--quick`` runs a reduced matrix, each script with
-``--smoke`` (the goals table then shows what it measured and "not measured" for the rest).
+1, 4 and 8 claimers, our commits/s over pgbench's at 16 and 64 in flight, the RSS of one worker at 64
+in flight, tasks/s at each backlog against the smallest's, each against its goal). Results are
+printed as tables and written as JSON to ``bench/results/all-<time>.json``, every figure with the load
+average (``os.getloadavg()``) at the start and end of the script run that measured it. The machine
+has 2 cores: cells at 4 processes x 64 measure CPU, not the runtime's waiting. ``--quick`` runs a
+reduced matrix, each script with ``--smoke`` (the goals table then shows what it measured and "not
+measured" for the rest), pgbench for 3 s, and one backlog of 400 tasks.
 """
 
 from __future__ import annotations
@@ -49,6 +57,10 @@ from bench.common import DEFAULT_SERVER_URL, RESULTS_DIR  # noqa: E402
 
 RESULTS_LINE = re.compile(r"^results\s+(\S+\.json)$", re.MULTILINE)
 CPU_BOUND_RATE = 60.0  # tasks/s this 2-core machine reaches when nothing waits; sizes the cells
+# --quick: one backlog (each level is a run of its own, a minute on a busy machine); the full run
+# compares each level with the smallest.
+BACKLOGS, BACKLOGS_QUICK, BACKLOG_MEASURE_QUICK = (1_000, 10_000, 100_000), (400,), 10
+BACKLOG_CELL = (2, 64)  # processes x in flight each: every slot full while the queue lasts
 
 
 def _terminated(signum: int, _frame: Any) -> None:
@@ -129,6 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cell-seconds", type=float, default=8.0, help="target busy time per cell")
     parser.add_argument("--quick", action="store_true", help="a reduced matrix (smoke test)")
     parser.add_argument("--no-peers", action="store_true", help="skip DBOS")
+    parser.add_argument("--pgbench-seconds", type=float, default=10.0,
+                        help="pgbench's seconds beside each 2-process 0 ms cell (--quick: 3)")  # fmt: skip
+    parser.add_argument("--backlog-measure", type=int, default=500,
+                        help="completions each backlog cell's rate is taken over (--quick: 10)")  # fmt: skip
     parser.add_argument(
         "--database-prefix", default=f"bench_{os.getpid()}", help="the scripts' throwaway databases' prefix"
     )
@@ -144,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     seconds = 1.0 if args.quick else args.cell_seconds
     smoke = ["--smoke"] if args.quick else []
+    pgbench_s = "3" if args.quick else str(args.pgbench_seconds)
 
     print("transitions", flush=True)
     prefix = args.database_prefix
@@ -176,10 +193,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 common = ["--tasks", str(tasks), "--workers", str(p), "--concurrency", str(c),
                           "--latency-ms", str(latency), "--recovery-tasks", "0", *smoke]  # fmt: skip
                 peer = not args.no_peers and p == 2 and c in (16, 64)
-                runs = [
-                    _run("e2e.py", *common, *(["--peers"] if peer else []), prefix=prefix)
-                    for _ in range(args.repeat)
+                pgbench = p == 2 and c in (16, 64) and latency == 0
+                extra = [
+                    *(["--peers"] if peer else []),
+                    *(["--pgbench-seconds", pgbench_s] if pgbench else []),
                 ]
+                runs = [_run("e2e.py", *common, *extra, prefix=prefix) for _ in range(args.repeat)]
                 cell: dict[str, Any] = {
                     "processes": p, "concurrency": c, "latency_ms": latency, "tasks": tasks,
                     "tasks_per_s": statistics.median(r["throughput"]["tasks_per_s"] for r in runs),
@@ -187,7 +206,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                         r["throughput"]["transitions_per_s"] for r in runs
                     ),
                     "load": [r["load"] for r in runs],
+                    "worker_rss_mb": max(max(r["throughput"]["worker_rss_mb"], default=0) for r in runs),
                 }  # fmt: skip
+                if pgbench:
+                    cell["commits_per_s"] = statistics.median(
+                        r["pgbench"]["ours_commits_per_s"] for r in runs
+                    )
+                    cell["pgbench_tps"] = statistics.median(r["pgbench"]["tps"] for r in runs)
+                    cell["pgbench_clients"] = runs[0]["pgbench"]["clients"]
+                    cell["ours_over_pgbench"] = statistics.median(
+                        r["pgbench"]["ours_over_pgbench"] for r in runs
+                    )
                 if peer:
                     cell["dbos_workflows_per_s"] = statistics.median(
                         r["peer"]["workflows_per_s"] for r in runs
@@ -195,6 +224,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                     cell["ours_over_dbos"] = cell["tasks_per_s"] / cell["dbos_workflows_per_s"]
                 cells.append(cell)
     results["e2e"] = cells
+
+    print("backlog", flush=True)
+    measure = BACKLOG_MEASURE_QUICK if args.quick else args.backlog_measure
+    backlogs = []
+    for queued in BACKLOGS_QUICK if args.quick else BACKLOGS:
+        runs = [
+            _run("e2e.py", "--backlog", str(queued), "--backlog-measure", str(measure),
+                 "--workers", str(BACKLOG_CELL[0]), "--concurrency", str(BACKLOG_CELL[1]),
+                 "--latency-ms", "0", "--recovery-tasks", "0", *smoke, prefix=prefix)
+            for _ in range(args.repeat)
+        ]  # fmt: skip
+        backlogs.append({
+            "queued": queued, "measured": measure,
+            "processes": BACKLOG_CELL[0], "concurrency": BACKLOG_CELL[1],
+            "tasks_per_s": statistics.median(r["backlog"]["tasks_per_s"] for r in runs),
+            "worker_rss_mb": max(max(r["backlog"]["worker_rss_mb"], default=0) for r in runs),
+            "load": [r["load"] for r in runs],
+        })  # fmt: skip
+    results["backlog"] = backlogs
 
     print("recovery", flush=True)
     recovery_tasks = "100" if args.quick else "1000"
@@ -236,6 +284,7 @@ def _cell(cell: dict[str, Any]) -> tuple[int, int, int]:
 
 
 GOAL_RATIO_0MS, GOAL_RATIO_300MS, GOAL_RATE_300MS, GOAL_OVER_RAW = 1.5, 1.2, 50.0, 0.8
+GOAL_OVER_PGBENCH, GOAL_RSS_MB, GOAL_BACKLOG = 0.5, 150.0, 0.9
 
 
 def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -282,6 +331,46 @@ def goals(results: dict[str, Any]) -> list[dict[str, Any]]:
                 met,
                 results[section]["load"] if figure is not None else None,
             )
+    for c in (16, 64):
+        cell = next((x for x in results["e2e"] if _cell(x) == (2, c, 0) and "ours_over_pgbench" in x), None)
+        name = f"our commits/s / pgbench's, 2 processes x {c} in flight, 0 ms model latency"
+        goal = f"≥ {GOAL_OVER_PGBENCH}"
+        if cell is None:
+            row(name, None, "not measured", goal, None, None)
+        else:
+            text = (f"{cell['ours_over_pgbench']:.2f} ({cell['commits_per_s']:,.0f} / "
+                    f"{cell['pgbench_tps']:,.0f} transactions/s, pgbench at {cell['pgbench_clients']} "
+                    "sessions)")  # fmt: skip
+            row(name, cell["ours_over_pgbench"], text, goal, cell["ours_over_pgbench"] >= GOAL_OVER_PGBENCH,
+                cell["load"])  # fmt: skip
+    at_64 = [x for x in [*results["e2e"], *results.get("backlog", [])] if x["concurrency"] == 64]
+    measured = [x for x in at_64 if x.get("worker_rss_mb")]
+    name, goal = "RSS of one worker process, 64 in flight (the highest seen)", f"< {GOAL_RSS_MB:g} MB"
+    if not measured:
+        row(name, None, "not measured", goal, None, None)
+    else:
+        top = max(measured, key=lambda x: x["worker_rss_mb"])
+        where = (f"{top['processes']} x 64, {top['latency_ms']} ms" if "latency_ms" in top
+                 else f"{top['processes']} x 64, {top['queued']:,} queued")  # fmt: skip
+        text = f"{top['worker_rss_mb']:.0f} MB ({where})"
+        row(name, top["worker_rss_mb"], text, goal, top["worker_rss_mb"] < GOAL_RSS_MB, top["load"])
+    backlogs = sorted(results.get("backlog", []), key=lambda x: x["queued"])
+    for b in backlogs:
+        name = (
+            f"tasks/s with {b['queued']:,} queued, {b['processes']} processes x {b['concurrency']} in flight"
+        )
+        base = backlogs[0]
+        if b is base:
+            row(name, b["tasks_per_s"], f"{b['tasks_per_s']:.1f} tasks/s", "(the smallest backlog: the base)",
+                None, b["load"])  # fmt: skip
+            continue
+        ratio = b["tasks_per_s"] / base["tasks_per_s"]
+        text = f"{b['tasks_per_s']:.1f} tasks/s ({ratio:.2f} of {base['queued']:,} queued's)"
+        row(name, ratio, text, f"within 10 % of {base['queued']:,} queued's (≥ {GOAL_BACKLOG})",
+            ratio >= GOAL_BACKLOG, b["load"])  # fmt: skip
+    if not backlogs:
+        row("tasks/s with a backlog queued before the workers start", None, "not measured",
+            f"within 10 % of the smallest backlog's (≥ {GOAL_BACKLOG})", None, None)  # fmt: skip
     return rows
 
 
@@ -301,15 +390,25 @@ def render(results: dict[str, Any]) -> str:
     lines.append(f"\n## lease claims under contention (claim_next vs raw)\n\n{results['leases']['table']}")
     lines.append("\n## order_lookup end to end (tasks/s; ours / DBOS where measured)\n")
     lines.append(
-        "| model ms | processes | in flight | tasks | ours tasks/s | DBOS workflows/s | ours / DBOS |"
+        "| model ms | processes | in flight | tasks | ours tasks/s | DBOS workflows/s | ours / DBOS "
+        "| our commits/s / pgbench's | worker RSS MB |"
     )
-    lines.append("|---|---|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for cell in results["e2e"]:
         dbos = f"{cell['dbos_workflows_per_s']:.1f}" if "dbos_workflows_per_s" in cell else ""
         ratio = f"{cell['ours_over_dbos']:.2f}x" if "ours_over_dbos" in cell else ""
+        pgbench = (f"{cell['commits_per_s']:,.0f} / {cell['pgbench_tps']:,.0f} = "
+                   f"{cell['ours_over_pgbench']:.2f}" if "ours_over_pgbench" in cell else "")  # fmt: skip
+        rss = f"{cell['worker_rss_mb']:.0f}" if cell.get("worker_rss_mb") else ""
         lines.append(f"| {cell['latency_ms']} | {cell['processes']} | {cell['concurrency']} "
                      f"| {cell['tasks']} | "
-                     f"{cell['tasks_per_s']:.1f} | {dbos} | {ratio} |")  # fmt: skip
+                     f"{cell['tasks_per_s']:.1f} | {dbos} | {ratio} | {pgbench} | {rss} |")  # fmt: skip
+    lines.append("\n## backlog queued before the workers start (tasks/s over the first completions)\n")
+    lines.append("| queued | processes x in flight | measured | tasks/s | worker RSS MB |")
+    lines.append("|---|---|---|---|---|")
+    for b in results.get("backlog", []):
+        lines.append(f"| {b['queued']:,} | {b['processes']} x {b['concurrency']} | {b['measured']} "
+                     f"| {b['tasks_per_s']:.1f} | {b['worker_rss_mb']:.0f} |")  # fmt: skip
     lines.append("\n## recovery after SIGKILL of every victim\n")
     lines.append("| liveness | lease TTL s | stranded | back in progress s | first commit s | all done s |")
     lines.append("|---|---|---|---|---|---|")

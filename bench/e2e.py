@@ -19,6 +19,16 @@ What it measures
     peers       with ``--peers``, the same throughput work run by DBOS Transact (``bench/peers``; its
                 own virtualenv) against the same PostgreSQL server and sandbox, with the same number
                 of processes and tasks in flight, and the ratio ours/DBOS.
+    pgbench     with ``--pgbench-seconds S``, after the throughput run: the database's own commit rate
+                for a transaction shaped like one of our transitions (an UPDATE of one row, two
+                INSERTs), ``pgbench`` at the sessions the workers commit through at once, for S
+                seconds, on throwaway tables in the run's database; and our commits/s (tasks/s x the
+                transitions the workers committed per task) over it.
+    backlog     with ``--backlog N``, instead of the throughput run: N runnable tasks queued before the
+                workers start (those the workers can reach through ``task_create``, the rest copies
+                of a task's row behind them: ``measure_backlog``), tasks/s over the first
+                ``--backlog-measure`` completions, then the workers are stopped.
+    memory      every run samples each worker's resident set (``VmRSS``) while it runs; the highest.
 
     The sandbox is served by gunicorn (``--server gunicorn``, the default; ``runserver`` is the
     alternative) on a free port, against the benchmark database; workers find it through
@@ -46,18 +56,22 @@ import argparse
 import json
 import os
 import random
+import re
+import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import httpx
 
@@ -301,16 +315,22 @@ ONCE = ("start", "step", "step", "complete")
 # (proceed, or refresh: the evidence read again) or the read fails again. Nothing else is accepted.
 RETRY_CODES = frozenset({"evidence_unavailable"})
 RESUMED = frozenset({"proceed", "refresh"})
+# Where a task the workers were stopped before it ended may be: runnable, or waiting out the retry.
+UNFINISHED = frozenset({"ready", "resume_validation", "waiting_retry"})
 
 
-def check_events(events: Sequence[tuple[int, str, str, str, str]]) -> str | None:
+def check_events(events: Sequence[tuple[int, str, str, str, str]], *, whole: bool = True) -> str | None:
     """What is wrong with one order_lookup task's transitions, or None when they are its one run.
 
     ``events`` are ``(state_version, from_state, to_state, trigger, reason_code)``. Accepted: versions
     1..n in a row, and once every documented retry detour (``attempt_failed`` to ``waiting_retry``
     for ``evidence_unavailable``, ``backoff_elapsed``, then ``proceed``/``refresh`` back to ``ready``
     or the read failing again) is taken out, exactly ``ONCE``: no step committed twice, no other
-    transition. A retried read commits no step, so its effect (the step) still happens once."""
+    transition. A retried read commits no step, so its effect (the step) still happens once.
+
+    ``whole=False``: a task the workers stopped before it ended (the backlog run stops them after a
+    number of completions): its transitions so far must be the beginning of that run (a prefix of
+    ``ONCE``, a retry under way accepted)."""
     versions = [e[0] for e in events]
     if versions != list(range(1, len(events) + 1)):
         return f"event versions {versions} are not 1..{len(events)} in a row"
@@ -332,6 +352,10 @@ def check_events(events: Sequence[tuple[int, str, str, str, str]]) -> str | None
             expecting = "run"
         else:
             once.append(trigger)
+    if not whole:
+        if tuple(once) != ONCE[: len(once)] or len(once) == len(ONCE):
+            return f"transitions {once} besides the retries are not the beginning of {list(ONCE)}"
+        return None
     if expecting != "run":
         return f"ends mid-retry ({expecting})"
     if tuple(once) != ONCE:
@@ -342,10 +366,14 @@ def check_events(events: Sequence[tuple[int, str, str, str, str]]) -> str | None
     return None
 
 
-def _verify(tenant: Any) -> tuple[int, int]:
+def _verify(tenant: Any, *, stopped: bool = False) -> tuple[int, int]:
     """Every task: completed, the record's status in its outcome, chain intact, each step committed once
     (``check_events``: a documented retry of a failed read is accepted, nothing else). Returns how many
-    tasks were checked and how many of them were retried."""
+    tasks were checked and how many of them were retried.
+
+    ``stopped``: the workers were stopped before every task ended (the backlog run); a task not
+    completed must still be runnable (or waiting out the documented retry), its chain intact, its
+    transitions the beginning of its one run."""
     from audit.models import TransitionEvent
     from audit.verify import verify_task
     from demo.sandbox.models import Record
@@ -361,6 +389,16 @@ def _verify(tenant: Any) -> tuple[int, int]:
         events.setdefault(task_id, []).append(tuple(event))  # type: ignore[arg-type]
     checked = retried = 0
     for task in Task.objects.filter(tenant=tenant):
+        if stopped and task.state in UNFINISHED:
+            chain = events.get(task.id, [])
+            if broken := verify_task(task):
+                raise AssertionError(f"audit chain broken: {broken}")
+            if problem := check_events(chain, whole=False):
+                raise AssertionError(f"task {task.id} (left {task.state}) has {len(chain)} events: {problem}")
+            if task.state_version != len(chain):
+                raise AssertionError(f"task {task.id} at v{task.state_version} with {len(chain)} events")
+            checked += 1
+            continue
         if task.state != "completed":
             raise AssertionError(f"task {task.id} ended {task.state} ({task.state_reason})")
         if task.outcome["order_status"] != statuses[task.input["order_id"]]:
@@ -402,6 +440,14 @@ def _busy_span(tenant: Any) -> tuple[float, list[float]]:
     return (rows[-1][2] - rows[0][2]).total_seconds(), gaps
 
 
+def _worker_commits(tenant: Any) -> int:
+    """The transitions the workers committed (three per task, more for a retried read): each one
+    transaction of a fenced UPDATE of the task and the INSERTs of its event and checkpoint."""
+    from audit.models import TransitionEvent
+
+    return TransitionEvent.objects.filter(tenant=tenant, actor_kind="worker").count()
+
+
 def _quantiles(values: list[float]) -> tuple[float, float]:
     if len(values) < 2:
         return (values[0], values[0]) if values else (float("nan"), float("nan"))
@@ -429,6 +475,50 @@ class Throughput:
     per_task_p50_ms: float  # one worker's time per task (between its completions)
     per_task_p99_ms: float
     retried: int = 0  # tasks whose read failed and was retried (accepted by check_events)
+    commits_per_task: float = 3.0  # transitions the workers committed per task (3; a retry adds some)
+    commits_per_s: float = 0.0  # tasks/s x commits per task: the transactions pgbench is compared with
+    worker_rss_mb: list[float] = field(default_factory=list)  # each worker's peak VmRSS while it ran
+
+
+class RssSampler(threading.Thread):
+    """Each worker process's resident set size (``VmRSS`` in ``/proc/<pid>/status``), sampled every
+    ``every`` seconds while the workers run; ``peaks_mb`` is each one's highest, in MB (MiB)."""
+
+    def __init__(self, workers: Workers, every: float = 0.2):
+        super().__init__(daemon=True, name="rss-sampler")
+        self.pids = [p.pid for p in workers.processes]
+        self.every = every
+        self.peak_kb = dict.fromkeys(self.pids, 0)
+        self.stopped = threading.Event()
+
+    @staticmethod
+    def rss_kb(pid: int) -> int:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:  # exited, or no /proc (not Linux): nothing to add
+            return 0
+        found = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
+        return int(found.group(1)) if found else 0
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.every):
+            self.sample()
+
+    def sample(self) -> None:
+        for pid in self.pids:
+            self.peak_kb[pid] = max(self.peak_kb[pid], self.rss_kb(pid))
+
+    def __enter__(self) -> RssSampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.join()
+
+    @property
+    def peaks_mb(self) -> list[float]:
+        return [round(self.peak_kb[pid] / 1024, 1) for pid in self.pids if self.peak_kb[pid]]
 
 
 def measure_throughput(args: argparse.Namespace, url: str, server: Server, logs: Path) -> Throughput:
@@ -440,11 +530,14 @@ def measure_throughput(args: argparse.Namespace, url: str, server: Server, logs:
     started = time.monotonic()
     workers = Workers(args.workers, url, server.sandbox, logs, args, args.lease_ttl)
     try:
-        _wait_all_done(tenant, workers, args.max_wait)
+        with RssSampler(workers) as rss:
+            _wait_all_done(tenant, workers, args.max_wait)
+            rss.sample()  # the last moment every worker still holds what it grew to
         wall = time.monotonic() - started
     finally:
         workers.stop()
     busy, per_task = _busy_span(tenant)
+    commits = _worker_commits(tenant)
     p50, p99 = _quantiles(per_task)
     _, retried = _verify(tenant)
     return Throughput(
@@ -461,6 +554,9 @@ def measure_throughput(args: argparse.Namespace, url: str, server: Server, logs:
         per_task_p50_ms=p50,
         per_task_p99_ms=p99,
         retried=retried,
+        commits_per_task=commits / args.tasks,
+        commits_per_s=commits / busy,
+        worker_rss_mb=rss.peaks_mb,
     )
 
 
@@ -569,6 +665,218 @@ def measure_recovery(args: argparse.Namespace, url: str, server: Server, logs: P
     )
 
 
+# ---------------------------------------------------------------------------
+# The database's own commit rate (pgbench) and a backlog queued before the workers start
+# ---------------------------------------------------------------------------
+
+PGBENCH_TABLES = """
+DROP TABLE IF EXISTS bench_pgbench_task, bench_pgbench_event, bench_pgbench_checkpoint;
+CREATE TABLE bench_pgbench_task (
+    id integer PRIMARY KEY, state text NOT NULL, state_version integer NOT NULL,
+    updated_at timestamptz NOT NULL, facts jsonb NOT NULL);
+CREATE TABLE bench_pgbench_event (
+    id bigserial PRIMARY KEY, task_id integer NOT NULL, state_version integer NOT NULL,
+    created_at timestamptz NOT NULL, payload jsonb NOT NULL);
+CREATE INDEX ON bench_pgbench_event (task_id, state_version);
+CREATE TABLE bench_pgbench_checkpoint (
+    id bigserial PRIMARY KEY, task_id integer NOT NULL, state_version integer NOT NULL,
+    created_at timestamptz NOT NULL, payload jsonb NOT NULL);
+CREATE INDEX ON bench_pgbench_checkpoint (task_id, state_version);
+INSERT INTO bench_pgbench_task SELECT g, 'ready', 1, now(), '{}' FROM generate_series(1, %(rows)s) g;
+"""
+# One transaction shaped like one of our transitions: the task's row updated, its event and its
+# checkpoint inserted, one commit. Statements sent as text (pgbench's default -M simple), as Django
+# sends ours.
+PGBENCH_SCRIPT = """\\set id random(1, {rows})
+BEGIN;
+UPDATE bench_pgbench_task SET state_version = state_version + 1, updated_at = now(),
+    facts = '{{"order_status": "shipped", "step": "model"}}' WHERE id = :id;
+INSERT INTO bench_pgbench_event (task_id, state_version, created_at, payload)
+    VALUES (:id, 2, now(), '{{"trigger": "step", "from": "ready", "to": "ready", "reason": "{pad}"}}');
+INSERT INTO bench_pgbench_checkpoint (task_id, state_version, created_at, payload)
+    VALUES (:id, 2, now(), '{{"step": "model", "facts": {{"order_status": "shipped"}}, "pad": "{pad}"}}');
+END;
+"""
+PGBENCH_TPS = re.compile(r"^tps = ([\d.]+) \(without initial connection time\)", re.MULTILINE)
+
+
+def pgbench_binary() -> str:
+    """``PGBENCH``, else ``pgbench`` on the PATH, else the newest PostgreSQL's (Debian keeps it in
+    ``/usr/lib/postgresql/<version>/bin``)."""
+    if found := os.environ.get("PGBENCH") or shutil.which("pgbench"):
+        return found
+    installed = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/pgbench"), key=lambda p: int(p.parent.parent.name)
+    )
+    if not installed:
+        raise RuntimeError("pgbench not found: install PostgreSQL's client programs or set PGBENCH")
+    return str(installed[-1])
+
+
+def pgbench_clients(workers: int, concurrency: int) -> int:
+    """The database sessions a run of ``workers`` x ``concurrency`` commits through at once: each
+    worker's slots share its pool (``--db-connections``: ``WORKER_DB_CONNECTIONS``, by default
+    min(concurrency, 8) + 2), and no more of them commit at once than there are slots."""
+    from django.conf import settings
+
+    pool = settings.WORKER_DB_CONNECTIONS or min(concurrency, 8) + 2
+    return workers * min(concurrency, pool)
+
+
+def measure_pgbench(url: str, *, clients: int, threads: int, seconds: float) -> dict[str, Any]:
+    """The database's own commit rate for a transaction shaped like one of our transitions (an UPDATE
+    of one row and two INSERTs), ``clients`` sessions at once for ``seconds``, on throwaway tables in
+    the run's own database (dropped after)."""
+    import psycopg
+
+    rows = max(1000, 10 * clients)  # few enough collisions on one row that locks do not decide it
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(PGBENCH_TABLES.replace("%(rows)s", str(rows)))  # type: ignore[arg-type]
+    parts = urlsplit(url)
+    env = {**os.environ, "PGPASSWORD": unquote(parts.password or "")}
+    command = [
+        pgbench_binary(), "-n", "-h", parts.hostname or "127.0.0.1", "-p", str(parts.port or 5432),
+        "-U", unquote(parts.username or "postgres"), "-c", str(clients),
+        "-j", str(max(1, min(threads, clients))), "-T", str(max(1, round(seconds))), "-f", "-",
+        parts.path.lstrip("/"),
+    ]  # fmt: skip
+    script = PGBENCH_SCRIPT.format(rows=rows, pad="x" * 200)
+    try:
+        done = subprocess.run(command, input=script, capture_output=True, text=True, env=env, check=False)
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "DROP TABLE IF EXISTS bench_pgbench_task, bench_pgbench_event, bench_pgbench_checkpoint"
+            )
+    found = PGBENCH_TPS.search(done.stdout)
+    if done.returncode != 0 or found is None:
+        raise RuntimeError(
+            f"pgbench failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        )
+    return {
+        "clients": clients,
+        "threads": max(1, min(threads, clients)),
+        "seconds": max(1, round(seconds)),
+        "rows": rows,
+        "tps": float(found.group(1)),
+        "version": subprocess.run([command[0], "--version"], capture_output=True, text=True).stdout.strip(),
+    }
+
+
+@dataclass
+class Backlog:
+    queued: int  # runnable tasks before the workers started
+    created: int  # of them started through task_create (run and verified)
+    filler: int  # the rest: copies of a created task's row, behind it in the queue, never reached
+    measured: int  # completions the rate is taken over
+    workers: int
+    concurrency: int
+    latency_ms: float
+    busy_s: float  # first worker commit -> the measured-th completion
+    tasks_per_s: float
+    worker_rss_mb: list[float] = field(default_factory=list)
+    retried: int = 0
+
+
+def _queue_filler(tenant: Any, like: Any, count: int) -> None:
+    """``count`` more runnable tasks, each a copy of ``like``'s row under a new id (the event and
+    checkpoint tables are not copied), entered after every task created so far: claims (oldest first)
+    reach them only after those. They make the queue as long as the run says, at a fraction of
+    ``task_create``'s cost (100,000 through it take a quarter of an hour here)."""
+    from django.db import connection
+
+    from tasks.models import Task
+
+    q = connection.ops.quote_name
+    columns = [f.column for f in Task._meta.concrete_fields]
+    copied = {
+        "id": "gen_random_uuid()",
+        "tenant_id": "%(tenant)s",
+        "created_at": "clock_timestamp()",
+        "updated_at": "clock_timestamp()",
+        "state_entered_at": "clock_timestamp()",
+    }
+    values = ", ".join(copied.get(c, f"t.{q(c)}") for c in columns)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {q(Task._meta.db_table)} ({', '.join(q(c) for c in columns)}) "
+            f"SELECT {values} FROM {q(Task._meta.db_table)} t, generate_series(1, %(count)s) "
+            "WHERE t.id = %(like)s",
+            {"tenant": tenant.pk, "count": count, "like": like.pk},
+        )
+
+
+def measure_backlog(args: argparse.Namespace, url: str, server: Server, logs: Path) -> Backlog:
+    """``--backlog`` runnable tasks queued before the workers start; the workers run until
+    ``--backlog-measure`` are completed and are stopped. Tasks/s over those completions, from the first
+    worker commit: what claiming costs as the queue grows.
+
+    Only as many tasks as the workers can reach are started through ``task_create`` (the measured
+    ones and twice the slots more); the rest of the queue is filler behind them (``_queue_filler``),
+    in a tenant of its own, checked untouched afterwards."""
+    from django.db import connections
+
+    from audit.models import TransitionEvent
+    from tasks.models import Lease, Task
+    from tenancy.models import Tenant
+
+    slots = args.workers * args.concurrency
+    created = min(args.backlog, args.backlog_measure + 2 * slots)
+    tenant, create_s = _make_tasks("bench-backlog", created)
+    filler_tenant = Tenant.objects.create(slug="bench-backlog-filler", name="bench-backlog-filler")
+    started = time.monotonic()
+    if args.backlog > created:
+        like = Task.objects.filter(tenant=tenant).latest("state_entered_at")
+        _queue_filler(filler_tenant, like, args.backlog - created)
+    print(f"  backlog     {args.backlog:,} queued: {created:,} through task_create ({create_s:.1f} s), "
+          f"{args.backlog - created:,} filler ({time.monotonic() - started:.1f} s)", flush=True)  # fmt: skip
+    connections.close_all()
+    settle(url, smoke=args.smoke)
+    workers = Workers(args.workers, url, server.sandbox, logs, args, args.lease_ttl)
+    deadline = time.monotonic() + args.max_wait
+    try:
+        with RssSampler(workers) as rss:
+            while Task.objects.filter(tenant=tenant, state="completed").count() < args.backlog_measure:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"fewer than {args.backlog_measure} tasks done after "
+                                       f"{args.max_wait:g} s:\n{workers.log_tails()}")  # fmt: skip
+                workers.check_alive()
+                time.sleep(POLL)
+            rss.sample()
+    finally:
+        workers.stop()
+    times = list(
+        TransitionEvent.objects.filter(tenant=tenant, actor_kind="worker")
+        .order_by("created_at")
+        .values_list("trigger", "created_at")
+    )
+    completions = [at for trigger, at in times if trigger == "complete"]
+    busy = (completions[args.backlog_measure - 1] - times[0][1]).total_seconds()
+    _, retried = _verify(tenant, stopped=True)
+    touched = (
+        Task.objects.filter(tenant=filler_tenant).exclude(state_version=1).count()
+        + Lease.objects.filter(task__tenant=filler_tenant).count()
+        + TransitionEvent.objects.filter(tenant=filler_tenant).count()
+    )
+    if touched:
+        raise AssertionError(
+            f"{touched} filler tasks, leases or events touched: the workers went past the queue"
+        )
+    return Backlog(
+        queued=args.backlog,
+        created=created,
+        filler=args.backlog - created,
+        measured=args.backlog_measure,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        latency_ms=args.latency_ms,
+        busy_s=busy,
+        tasks_per_s=args.backlog_measure / busy,
+        worker_rss_mb=rss.peaks_mb,
+        retried=retried,
+    )
+
+
 def profile_steps(args: argparse.Namespace, count: int) -> str:
     """Where a worker's time per task goes, in this process, one task at a time, no profiler overhead
     on the timings: database round trips (counted and timed at the cursor), the HTTP read of the
@@ -644,20 +952,33 @@ def _table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
     return "\n".join([line(header), "  ".join("-" * w for w in widths), *(line(row) for row in rows)])
 
 
-def render(throughput: Throughput, recovery: Recovery | None, peer: dict[str, Any] | None = None) -> str:
+def _rss(peaks: list[float]) -> str:
+    return f"{max(peaks):.0f}" if peaks else "n/a"
+
+
+def render(
+    throughput: Throughput | None,
+    recovery: Recovery | None,
+    peer: dict[str, Any] | None = None,
+    *,
+    pgbench: dict[str, Any] | None = None,
+    backlog: Backlog | None = None,
+) -> str:
     t, r = throughput, recovery
-    first = _table(
-        ("throughput", "tasks", "workers x in flight", "model ms", "wall s", "busy s", "tasks/s",
-         "transitions/s", "worker ms/task p50/p99"),
-        [("order_lookup", str(t.tasks), f"{t.workers} x {t.concurrency}", f"{t.latency_ms:g}",
-          f"{t.wall_s:.1f}",
-          f"{t.busy_s:.1f}",
-          f"{t.tasks_per_s:,.1f}", f"{t.transitions_per_s:,.0f}",
-          f"{t.per_task_p50_ms:.0f} / {t.per_task_p99_ms:.0f}")],
-    )  # fmt: skip
-    if peer is not None:
+    sections = []
+    if t is not None:
+        sections.append(_table(
+            ("throughput", "tasks", "workers x in flight", "model ms", "wall s", "busy s", "tasks/s",
+             "transitions/s", "worker ms/task p50/p99", "worker RSS MB"),
+            [("order_lookup", str(t.tasks), f"{t.workers} x {t.concurrency}", f"{t.latency_ms:g}",
+              f"{t.wall_s:.1f}",
+              f"{t.busy_s:.1f}",
+              f"{t.tasks_per_s:,.1f}", f"{t.commits_per_s:,.0f}",
+              f"{t.per_task_p50_ms:.0f} / {t.per_task_p99_ms:.0f}", _rss(t.worker_rss_mb))],
+        ))  # fmt: skip
+    if t is not None and peer is not None:
         ratio = t.tasks_per_s / peer["workflows_per_s"]
-        first += "\n\n" + _table(
+        sections.append(_table(
             ("same work", "tasks", "processes x in flight", "model ms", "busy s", "tasks/s", "steps/s"),
             [("ours", str(t.tasks), f"{t.workers} x {t.concurrency}", f"{t.latency_ms:g}", f"{t.busy_s:.1f}",
               f"{t.tasks_per_s:,.1f}", f"{t.transitions_per_s:,.0f}"),
@@ -665,7 +986,25 @@ def render(throughput: Throughput, recovery: Recovery | None, peer: dict[str, An
               f"{peer['processes']} x {peer['concurrency']}",
               f"{peer['latency_ms']:g}", f"{peer['busy_s']:.1f}", f"{peer['workflows_per_s']:,.1f}",
               f"{peer['steps_per_s']:,.0f}")],
-        ) + f"\n\nours / DBOS: {ratio:.2f}x"  # fmt: skip
+        ) + f"\n\nours / DBOS: {ratio:.2f}x")  # fmt: skip
+    if t is not None and pgbench is not None:
+        sections.append(_table(
+            ("commits", "sessions", "seconds", "transactions/s"),
+            [("ours: tasks/s x commits per task", f"{t.workers} x {t.concurrency} in flight",
+              f"{t.busy_s:.1f}", f"{t.tasks_per_s:,.1f} x {t.commits_per_task:.2f} = {t.commits_per_s:,.0f}"),
+             ("pgbench: UPDATE + 2 INSERTs", str(pgbench["clients"]), str(pgbench["seconds"]),
+              f"{pgbench['tps']:,.0f}")],
+        ) + f"\n\nours / pgbench: {pgbench['ours_over_pgbench']:.2f}")  # fmt: skip
+    if backlog is not None:
+        b = backlog
+        sections.append(_table(
+            ("backlog", "queued", "task_create + filler", "workers x in flight", "model ms", "measured",
+             "busy s", "tasks/s", "worker RSS MB"),
+            [("order_lookup", f"{b.queued:,}", f"{b.created:,} + {b.filler:,}",
+              f"{b.workers} x {b.concurrency}", f"{b.latency_ms:g}", str(b.measured), f"{b.busy_s:.1f}",
+              f"{b.tasks_per_s:,.1f}", _rss(b.worker_rss_mb))],
+        ))  # fmt: skip
+    first = "\n\n".join(sections)
     if r is None:
         return first
     second = _table(
@@ -708,6 +1047,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--server-workers", type=int, default=2, help="gunicorn processes (default 2)")
     parser.add_argument("--server-threads", type=int, default=4, help="gunicorn threads each (default 4)")
     parser.add_argument("--max-wait", type=float, default=600, help="give up a run after this many seconds")
+    parser.add_argument("--pgbench-seconds", type=float, default=0,
+                        help="after the throughput run, the database's own commit rate for a "
+                        "transition-shaped transaction (pgbench) at the same concurrency for this long "
+                        "(0: not measured)")  # fmt: skip
+    parser.add_argument("--backlog", type=int, default=0, metavar="N",
+                        help="instead of the throughput run: N tasks queued before the workers start, "
+                        "tasks/s over the first --backlog-measure completions")  # fmt: skip
+    parser.add_argument("--backlog-measure", type=int, default=500,
+                        help="completions the backlog run's rate is taken over (default 500)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=1)
     add_database_arguments(parser, "bench_e2e")
     add_smoke_argument(parser)
@@ -719,8 +1067,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         min(args.tasks, args.workers, args.concurrency) < 1
         or args.recovery_tasks < 0
         or not 0 <= args.kill_after < 1
+        or args.backlog < 0
+        or args.pgbench_seconds < 0
     ):
         parser.error("counts must be positive and --kill-after in [0, 1)")
+    if args.backlog and not 1 <= args.backlog_measure <= args.backlog:
+        parser.error("--backlog-measure must be between 1 and --backlog")
     return args
 
 
@@ -735,7 +1087,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup_django(debug=False)
 
         migrate_database(server_url, args.database, fresh=args.fresh_migrate)
-        _make_orders(max(args.tasks, args.recovery_tasks), random.Random(args.seed))
+        backlog_created = min(args.backlog, args.backlog_measure + 2 * args.workers * args.concurrency)
+        _make_orders(max(args.tasks, args.recovery_tasks, backlog_created), random.Random(args.seed))
         info = machine_info(url)
         print_machine(info, debug=False)
         with tempfile.TemporaryDirectory(prefix="bench-e2e-") as logs_dir:
@@ -754,15 +1107,34 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"database {args.database}"
             )
             print()
-            throughput = measure_throughput(args, url, server, logs)
-            print(
-                f"  throughput  {throughput.tasks} tasks created in {throughput.create_s:.1f} s, all "
-                f"completed {throughput.wall_s:.1f} s after the workers started "
-                f"({throughput.busy_s:.1f} s busy)",
-                flush=True,
-            )
+            throughput: Throughput | None = None
+            backlog: Backlog | None = None
+            pgbench: dict[str, Any] | None = None
+            if args.backlog:
+                backlog = measure_backlog(args, url, server, logs)
+                print(f"  backlog     {backlog.measured} of {backlog.queued:,} queued completed in "
+                      f"{backlog.busy_s:.1f} s: {backlog.tasks_per_s:.1f} tasks/s", flush=True)  # fmt: skip
+            else:
+                throughput = measure_throughput(args, url, server, logs)
+                print(
+                    f"  throughput  {throughput.tasks} tasks created in {throughput.create_s:.1f} s, all "
+                    f"completed {throughput.wall_s:.1f} s after the workers started "
+                    f"({throughput.busy_s:.1f} s busy)",
+                    flush=True,
+                )
+            if throughput is not None and args.pgbench_seconds:
+                pgbench = measure_pgbench(
+                    url,
+                    clients=pgbench_clients(args.workers, args.concurrency),
+                    threads=args.workers,
+                    seconds=args.pgbench_seconds,
+                )
+                pgbench["ours_commits_per_s"] = throughput.commits_per_s
+                pgbench["ours_over_pgbench"] = throughput.commits_per_s / pgbench["tps"]
+                print(f"  pgbench     {pgbench['tps']:,.0f} transactions/s at {pgbench['clients']} clients; "
+                      f"ours {throughput.commits_per_s:,.0f} commits/s", flush=True)  # fmt: skip
             peer = None
-            if args.peers:
+            if args.peers and throughput is not None:
                 from bench.peers.harness import run_dbos
 
                 peer = run_dbos(
@@ -783,11 +1155,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             server.stop()
             server = None
-        verified = throughput.tasks + (recovery.tasks if recovery else 0)
-        retried = throughput.retried + (recovery.retried if recovery else 0)
-        print(f"\nverified    {verified} tasks: completed with the record's status, audit chains "
+        runs = [r for r in (throughput, recovery, backlog) if r is not None]
+        verified = sum(r.created if isinstance(r, Backlog) else r.tasks for r in runs)
+        retried = sum(r.retried for r in runs)
+        unfinished = " (those the stopped workers left: runnable, each step so far once)" if backlog else ""
+        print(f"\nverified    {verified} tasks: completed with the record's status{unfinished}, audit chains "
               f"intact, no step committed twice ({retried} retried a failed read)\n")  # fmt: skip
-        table = render(throughput, recovery, peer)
+        table = render(throughput, recovery, peer, pgbench=pgbench, backlog=backlog)
         print(table)
         if not args.no_save:
             RESULTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -795,9 +1169,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             path.write_text(json.dumps({
                 "machine": info,
                 "args": vars(args),
-                "throughput": asdict(throughput),
+                "throughput": asdict(throughput) if throughput else None,
                 "recovery": asdict(recovery) if recovery else None,
                 "peer": peer,
+                "pgbench": pgbench,
+                "backlog": asdict(backlog) if backlog else None,
                 "table": table,
             }, indent=2))  # fmt: skip
             print(f"\nresults     {path.relative_to(ROOT)}")

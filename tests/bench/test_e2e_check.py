@@ -94,3 +94,30 @@ def test_one_run_and_the_documented_retries_are_accepted(events):
 def test_anything_else_is_refused_with_the_reason(events, says):
     problem = check_events(events)
     assert problem is not None and says in problem, problem
+
+
+# The backlog run stops its workers after a number of completions: a task they left must be the
+# beginning of its one run (``whole=False``), never a step twice, never past the end.
+STOPPED_ACCEPTED = {
+    "never claimed": chain(START),
+    "stopped after the read": chain(START, READ),
+    "stopped after the model's turn": chain(START, READ, TURN),
+    "stopped waiting out the retry": chain(START, READ_FAILED, BACKOFF),
+}
+STOPPED_REJECTED = {
+    "a step committed twice": chain(START, READ, READ, TURN),
+    "ended (not stopped)": chain(START, READ, TURN, DONE),
+    "a gap in the versions": [(1, *START), (3, *READ)],
+}
+
+
+@pytest.mark.parametrize("events", STOPPED_ACCEPTED.values(), ids=STOPPED_ACCEPTED.keys())
+def test_a_task_the_stopped_workers_left_may_be_the_beginning_of_its_run(events):
+    assert legal(events)
+    assert check_events(events, whole=False) is None
+    assert check_events(events) is not None  # not a whole run
+
+
+@pytest.mark.parametrize("events", STOPPED_REJECTED.values(), ids=STOPPED_REJECTED.keys())
+def test_a_stopped_task_with_anything_else_is_refused(events):
+    assert check_events(events, whole=False) is not None

@@ -145,13 +145,13 @@ def test_the_a2a_benchmark_runs_both_surfaces_on_the_same_workers_and_gives_the_
     assert "(A2A_PUSH_INTERVAL 0.5 s, 1 run_worker --sweep senders)" in out
 
 
-@pytest.mark.slow  # every benchmark above again, in sequence (~3.5 min): make soak-tests runs it
-@pytest.mark.timeout(330)
+@pytest.mark.slow  # every benchmark above again, in sequence, and a backlog (~4.5 min): make soak-tests
+@pytest.mark.timeout(420)
 def test_the_whole_benchmark_entry_point_runs_a_reduced_matrix():
     env = {**os.environ, "DATABASE_URL": server_url()}
     prefix = f"smoke_all_{os.environ.get('PYTEST_XDIST_WORKER', 'solo')}"
     stdout, stderr, returncode = run_in_own_group(
-        [sys.executable, "bench/all.py", "--quick", "--database-prefix", prefix, "--no-save"], env, 320
+        [sys.executable, "bench/all.py", "--quick", "--database-prefix", prefix, "--no-save"], env, 410
     )
     assert returncode == 0, stdout[-3000:] + stderr[-3000:]
     assert "ours / DBOS" in stdout and "recovery after SIGKILL" in stdout
@@ -162,3 +162,11 @@ def test_the_whole_benchmark_entry_point_runs_a_reduced_matrix():
         and "| lease claims / raw claim, 8 claimer(s) | not measured |" in stdout
     )
     assert re.search(r"\| ours / DBOS, 2 processes x 16 in flight, 0 ms model latency \| \d+\.\d\dx ", stdout)
+    # The database's own commit rate beside the 16 in flight cell (pgbench), a worker's RSS at 64 in flight
+    # (the backlog cell), and tasks/s with 400 queued before the workers start.
+    assert re.search(
+        r"\| our commits/s / pgbench's, 2 processes x 16 in flight, 0 ms model latency \| \d+\.\d\d \(",
+        stdout,
+    ), stdout[-3000:]
+    assert re.search(r"\| RSS of one worker process, 64 in flight \(the highest seen\) \| \d+ MB ", stdout)
+    assert re.search(r"\| tasks/s with 400 queued, 2 processes x 64 in flight \| \d+\.\d tasks/s \| ", stdout)
