@@ -59,14 +59,11 @@ from bench.common import (  # noqa: E402
     RESULTS_DIR,
     add_database_arguments,
     add_smoke_argument,
-    drop_unless_kept,
     machine_info,
-    migrate_database,
     print_machine,
-    recreate_database,
+    run_database,
     settle,
     setup_django,
-    with_dbname,
 )
 
 Impl = Literal["ours", "raw"]
@@ -298,14 +295,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     server_url = os.environ.get("DATABASE_URL") or DEFAULT_SERVER_URL
-    url = with_dbname(server_url, args.database)
-    recreate_database(server_url, args.database, create=True)
-    try:
-        os.environ["DATABASE_URL"] = url
-        setup_django(debug=False)
+    with run_database(server_url, args) as url:
         from django.db import connections
 
-        migrate_database(server_url, args.database, fresh=args.fresh_migrate)
         _seed(args.tasks)
         connections.close_all()
         info = machine_info(url)
@@ -342,10 +334,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             }, indent=2))  # fmt: skip
             print(f"results     {path.relative_to(ROOT)}")
         return 0
-    finally:
-        if "django.db" in sys.modules:
-            sys.modules["django.db"].connections.close_all()
-        drop_unless_kept(server_url, args.database, args.keep_database)
 
 
 if __name__ == "__main__":
