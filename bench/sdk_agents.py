@@ -136,7 +136,8 @@ def register_native() -> None:
         names,
         register,
     )
-    from workflows.support_agent import INSTRUCTIONS, REFUNDS, SupportAgentInput
+    from workflows.sdk.support import INSTRUCTIONS
+    from workflows.support_agent import REFUNDS, SupportAgentInput
 
     if NATIVE in names():
         return

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -321,8 +322,10 @@ class AgentRun(Step):
     call a step of its own (``AgentEffect``: a ledger action, with its approval; ``AgentEvidence``:
     recorded evidence), after which the run goes on here; its final answer becomes fact ``output``.
 
-    ``agent`` is the SDK's ``Agent`` (opaque to the kernel, which never imports the SDK). Every
-    function tool of it and of the agents it hands off to must be declared in ``tools``.
+    ``agent`` is the SDK's ``Agent`` (opaque to the kernel, which never imports the SDK), or where
+    one lives, ``"module:attribute"``: imported when the run first needs it (``sdk_agent``), so that
+    a process that never runs the agent (the web, a worker of other types) never loads the SDK.
+    Every function tool of it and of the agents it hands off to must be declared in ``tools``.
     """
 
     agent: Any = None
@@ -339,9 +342,29 @@ class AgentRun(Step):
     memory_items: int = 40  # at most this many of the conversation's latest items, from a user's message on
 
     def __post_init__(self) -> None:
+        if isinstance(self.agent, str):
+            module, colon, attribute = self.agent.partition(":")
+            if not (module and colon and attribute.isidentifier()):
+                raise ValueError(f"{self.name}: agent {self.agent!r} is no 'module:attribute'")
+            return  # checked once imported (``sdk_agent``)
+        self._check_tools(self.agent)
+
+    def sdk_agent(self) -> Any:
+        """The agent itself: ``agent``, or what it names, imported (and its tools checked) once."""
+        if not isinstance(self.agent, str):
+            return self.agent
+        found = self.__dict__.get("_imported")
+        if found is None:
+            module, _, attribute = self.agent.partition(":")
+            found = getattr(importlib.import_module(module), attribute)
+            self._check_tools(found)
+            object.__setattr__(self, "_imported", found)  # frozen: a cache, not a field
+        return found
+
+    def _check_tools(self, agent: Any) -> None:
         # Read by shape (the kernel does not import the SDK): every function tool of the agent and of
         # the agents it hands off to must be declared, and every declaration must name one of them.
-        found = _function_tools(self.agent)
+        found = _function_tools(agent)
         declared = {tool.tool for tool in self.tools}
         if found - declared:
             raise ValueError(
@@ -417,7 +440,7 @@ class AgentRun(Step):
 
     @property
     def agent_name(self) -> str:
-        return str(getattr(self.agent, "name", "") or "")
+        return str(getattr(self.sdk_agent(), "name", "") or "")
 
 
 def _function_tools(agent: Any) -> set[str]:

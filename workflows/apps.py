@@ -48,11 +48,14 @@ class WorkflowsConfig(AppConfig):
     name = "workflows"
 
     def ready(self) -> None:
-        # Every other module of the package is a task type that registers itself on import.
+        # Every other module of the package is a task type that registers itself on import (its
+        # subpackages are not: ``workflows.sdk`` holds the SDK agents, imported by their first run).
         # The types written with the Agents SDK only where it is installed (the ``agents`` extra).
         sdk = importlib.util.find_spec("agents") is not None
         for module in pkgutil.iter_modules(importlib.import_module(self.name).__path__):
-            if module.name != "apps" and (sdk or module.name not in NEEDS_AGENTS_SDK):
+            if module.ispkg or module.name == "apps":
+                continue
+            if sdk or module.name not in NEEDS_AGENTS_SDK:
                 importlib.import_module(f"{self.name}.{module.name}")
         # Refuse to start with malformed keys, or with none while some type has fields to seal.
         sealing.check_configuration([name for name in registry.names() if registry.sensitive_fields(name)])

@@ -436,7 +436,7 @@ def _fingerprint(run_step: registry.AgentRun) -> tuple[Any, ...]:
     """What a run is built from: every field of every agent it can reach (the objects themselves: a
     model, tool or instructions swapped in place changes it) and the model settings."""
     parts: list[Any] = []
-    for agent in _agents_of(run_step.agent):
+    for agent in _agents_of(run_step.sdk_agent()):
         for each in dataclasses.fields(agent):
             value = getattr(agent, each.name)
             parts.append(tuple(value) if isinstance(value, list) else value)
@@ -516,7 +516,7 @@ def _model_for(run_step: registry.AgentRun) -> tuple[Model, str, AsyncOpenAI | N
         )
         model = OpenAIChatCompletionsModel(settings.MODEL_NAME, client)
         return model, toolsets.model_id(run_step), client
-    own = getattr(run_step.agent, "model", None)
+    own = getattr(run_step.sdk_agent(), "model", None)
     if isinstance(own, Model):
         return own, toolsets.model_id(run_step), None
     raise AgentFailed(
@@ -680,7 +680,7 @@ def _wrapped(run_step: registry.AgentRun, live: _Live) -> Agent[Any]:
         clone.handoffs = [copy(target) for target in agent.handoffs if isinstance(target, Agent)]
         return clone
 
-    return copy(run_step.agent)
+    return copy(run_step.sdk_agent())
 
 
 def _recorded_tool(tool: FunctionTool, declared: registry.AgentTool, live: _Live) -> FunctionTool:

@@ -50,7 +50,7 @@ def agent_tools(run: registry.AgentRun) -> dict[str, Any]:
     """Tool name -> its JSON schema, for the agent and every agent it can hand off to."""
     found: dict[str, Any] = {}
     seen: list[Any] = []
-    pending = [run.agent]
+    pending = [run.sdk_agent()]
     while pending:
         agent = pending.pop()
         if agent is None or any(agent is each for each in seen):
@@ -90,7 +90,7 @@ def model_id(run: registry.AgentRun) -> str:
     """The id of the model ``run``'s next turn asks (as ``replay._model_for`` chooses it)."""
     if settings.MODEL_BACKEND == "openai":
         return f"openai-compatible:{settings.MODEL_NAME}"
-    own = getattr(run.agent, "model", None)
+    own = getattr(run.sdk_agent(), "model", None)
     if own is None or isinstance(own, str):
         return own or ""
     return str(getattr(own, "model_id", "") or type(own).__name__)

@@ -295,7 +295,7 @@ def support_with(monkeypatch, *, tools=None, declared=None, **type_changes) -> r
     name -> tool or None to remove) and declarations (``declared``, by name -> declaration or None)."""
     kind = registry.get("support_agent")
     run_step = kind.step_as("agent", registry.AgentRun)
-    agent = run_step.agent
+    agent = run_step.sdk_agent()
     new_tools = [(tools or {}).get(t.name, t) for t in agent.tools]
     new_declared = [(declared or {}).get(d.tool, d) for d in run_step.tools]
     changed_run = dataclasses.replace(
@@ -339,7 +339,7 @@ def test_the_tool_set_id_follows_the_tools_schemas_and_declarations_not_their_or
     run_step = kind.step_as("agent", registry.AgentRun)
     before = toolsets.toolset_id(run_step)
     reordered = dataclasses.replace(
-        run_step, agent=run_step.agent.clone(tools=list(reversed(run_step.agent.tools)))
+        run_step, agent=run_step.sdk_agent().clone(tools=list(reversed(run_step.sdk_agent().tools)))
     )
     assert toolsets.toolset_id(reordered) == before
     renoted = support_with(monkeypatch, tools={"refund_order": refund_with_a_note()})

@@ -40,7 +40,7 @@ from tasks.states import State
 from tests.conftest import make_task
 from tests.runtime.payments import run
 from tests.workflow import put_order
-from workflows.support_agent import SUPPORT_AGENT, SupportModel
+from workflows.sdk.support import SUPPORT_AGENT, SupportModel
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -131,7 +131,7 @@ def script(monkeypatch):
         kind = registry.get("support_agent")
         run_step = kind.steps[0]
         assert isinstance(run_step, registry.AgentRun)
-        agent = run_step.agent.clone(model=Scripted(scripts))
+        agent = run_step.sdk_agent().clone(model=Scripted(scripts))
         variant = dataclasses.replace(
             kind, steps=(dataclasses.replace(run_step, agent=agent), *kind.steps[1:])
         )

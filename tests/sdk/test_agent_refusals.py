@@ -41,7 +41,7 @@ from tasks.states import State, Trigger
 from tests.conftest import api_client_for, make_task, make_user
 from tests.runtime.payments import run
 from tests.workflow import put_order
-from workflows import support_agent
+from workflows.sdk import support as support_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -118,10 +118,10 @@ def without_refunds() -> registry.TaskType:
     kind = registry.get("support_agent")
     agent_step = kind.steps[0]
     assert isinstance(agent_step, registry.AgentRun)
-    kept = [tool for tool in agent_step.agent.tools if tool.name != "refund_order"]
+    kept = [tool for tool in agent_step.sdk_agent().tools if tool.name != "refund_order"]
     lean = dataclasses.replace(
         agent_step,
-        agent=agent_step.agent.clone(tools=kept),
+        agent=agent_step.sdk_agent().clone(tools=kept),
         tools=tuple(tool for tool in agent_step.tools if tool.tool != "refund_order"),
     )
     return dataclasses.replace(kind, steps=(lean, *kind.steps[1:]))

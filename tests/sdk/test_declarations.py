@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from pydantic import BaseModel
 
 from tasks.registry import AgentEffect, AgentEvidence, AgentRun, Complete, TaskType, call_key
-from workflows.support_agent import SUPPORT_AGENT
+from workflows.sdk.support import SUPPORT_AGENT
 
+ROOT = Path(__file__).resolve().parents[2]
 LOOKUP = AgentEvidence("lookup_order", system="orders", record_from="order_id")
 REFUND = AgentEffect(
     "refund_order", connector="payments", effect=lambda args, facts: {"kind": "refund", **args}
@@ -33,6 +39,38 @@ def test_a_declaration_for_a_tool_the_agent_lacks_is_refused():
     stray = AgentEffect("wire_money", connector="payments", effect=lambda args, facts: {})
     with pytest.raises(ValueError, match=r"\['wire_money'\] are not the agent's"):
         AgentRun("agent", agent=SUPPORT_AGENT, tools=(LOOKUP, REFUND, EMAIL, stray))
+
+
+def test_an_agent_named_by_where_it_lives_is_checked_when_first_imported():
+    named = AgentRun("agent", agent="workflows.sdk.support:SUPPORT_AGENT", tools=(LOOKUP, REFUND))
+    with pytest.raises(ValueError, match=r"\['email_customer'\] are not declared"):
+        named.sdk_agent()
+    whole = AgentRun("agent", agent="workflows.sdk.support:SUPPORT_AGENT", tools=(LOOKUP, REFUND, EMAIL))
+    assert whole.sdk_agent() is SUPPORT_AGENT and whole.agent_name == "support"
+
+
+def test_an_agent_path_without_its_attribute_is_refused_at_registration():
+    with pytest.raises(ValueError, match="no 'module:attribute'"):
+        AgentRun("agent", agent="workflows.sdk.support", tools=(LOOKUP,))
+
+
+def test_a_process_that_runs_no_agent_never_imports_the_sdk():
+    """The web and the workers load every task type at start-up; the SDK (and the OpenAI client
+    under it) only when a run needs its agent: tens of megabytes and seconds per process."""
+    script = (
+        "import sys, django; django.setup();"
+        "from tasks import registry;"
+        "assert 'support_agent' in registry.names();"
+        "print(sorted(m for m in ('agents', 'openai') if m in sys.modules));"
+        "registry.get('support_agent').step_as('agent', registry.AgentRun).sdk_agent();"
+        "print(sorted(m for m in ('agents', 'openai') if m in sys.modules))"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "DEBUG": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["[]", "['agents', 'openai']"]
 
 
 def test_an_effect_filling_a_key_from_a_sensitive_fact_must_mark_it_sensitive():

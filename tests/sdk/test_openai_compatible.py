@@ -421,7 +421,7 @@ def test_an_agent_asking_the_sdk_to_retry_its_model_calls_is_still_asked_once_pe
 ):
     """The agent's own settings ask the SDK's runner to retry 500s three times: the run's settings
     win, and the retry is the task's (a transition with backoff), not a hidden second request."""
-    agent = registry.get("support_agent").step_as("agent", registry.AgentRun).agent
+    agent = registry.get("support_agent").step_as("agent", registry.AgentRun).sdk_agent()
     eager = agent.clone(
         model_settings=ModelSettings(
             retry=ModelRetrySettings(

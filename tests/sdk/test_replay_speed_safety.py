@@ -145,7 +145,7 @@ def test_a_turn_whose_commit_is_lost_is_asked_again_not_taken_from_the_kept_run(
 
 
 def test_a_kept_run_follows_the_agent_as_the_code_has_it_now(acme, monkeypatch):
-    from workflows.support_agent import SUPPORT_AGENT, SupportModel
+    from workflows.sdk.support import SUPPORT_AGENT, SupportModel
 
     class Counting(SupportModel):
         asked = 0
