@@ -18,6 +18,16 @@ What it measures
                     ``--private-cluster``, the whole server: the postmaster's children alive at the end
                     plus those it reaped; on the shared server, the backends of the run's database alive
                     at the end, an undercount); the sandbox (gunicorn's processes).
+    samples         with ``--sample``: py-spy samples the first worker (every thread, ``--rate`` a
+                    second, without pausing it) over the same span, and the stacks are folded by the
+                    project's own functions: for each, the share of the worker's busy samples that
+                    have it on the stack (inclusive), and the share whose innermost project frame it
+                    is (where the project called into libraries from); and by where each busy sample
+                    was (the leaf frame's package: django, psycopg, pydantic, the project, ...).
+                    Only the thread holding the GIL is sampled (``--gil``): the shares are of the
+                    worker's Python work, not of its waits on the server, a lock or a sleep.
+                    Needs ``py-spy`` (in the dev lock) and ptrace rights over the worker (root, or
+                    ``kernel.yama.ptrace_scope`` 0).
 
 How to run
     .venv/bin/python bench/profile_tasks.py --tasks 300 --private-cluster
@@ -36,11 +46,13 @@ import os
 import pwd
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -274,8 +286,12 @@ def measure(
             "postgresql": tree_cpu(postmaster) if postmaster else 0.0,
         }
         done_at_start = args.tasks - _not_done(tenant)
-        with connection.execute_wrapper(count_own):
-            _wait_done(tenant, workers, args.max_wait)
+        sampler = Sampler(workers.processes[0].pid, logs, args.rate) if args.sample else None
+        try:
+            with connection.execute_wrapper(count_own):
+                _wait_done(tenant, workers, args.max_wait)
+        finally:
+            samples = sampler.stop() if sampler else None
         backends = [] if postmaster else _backends(url)
         cpu1 = {
             "workers": sum(cpu_seconds(p.pid) for p in workers.processes),
@@ -309,6 +325,8 @@ def measure(
         "cpu_ms_per_task": cpu_ms,
         "postgresql_cpu": "whole private server" if postmaster else f"{len(backends)} live backends only",
     }
+    if samples is not None:
+        result["samples"] = samples
     if statements is not None:
         result["statements_per_task"] = sum(calls for _, calls, _ in statements) / max(counted, 1)
         commits = sum(calls for query, calls, _ in statements if query.strip().upper() == "COMMIT")
@@ -348,6 +366,109 @@ def render(result: dict[str, Any]) -> str:
         for row in result["top"]:
             query = " ".join(row["query"].split())[:150].replace("|", "\\|")
             lines.append(f"| {row['calls_per_task']:.2f} | {row['ms_per_call']:.3f} | `{query}` |")
+    if "samples" in result:
+        lines.append(render_samples(result["samples"]))
+    return "\n".join(lines)
+
+
+# --- sampling one worker (py-spy) ---------------------------------------------------------------------
+
+
+class Sampler:
+    """py-spy recording one process in raw (folded) form until ``stop``."""
+
+    def __init__(self, pid: int, logs: Path, rate: int) -> None:
+        self.output = logs / f"py-spy-{pid}.txt"
+        self.errors = logs / f"py-spy-{pid}.log"
+        spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+        self.process = None
+        self.missing = "" if spy else "py-spy is not installed (make install-dev)"
+        if spy:
+            argv = [spy, "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--threads",
+                    "--nonblocking", "--gil", "--full-filenames", "--output", str(self.output)]  # fmt: skip
+            with self.errors.open("w") as errors:
+                self.process = subprocess.Popen(argv, stdout=errors, stderr=subprocess.STDOUT)
+
+    def stop(self) -> dict[str, Any]:
+        if self.process is None:
+            return {"error": self.missing}
+        self.process.send_signal(signal.SIGINT)  # py-spy writes what it has, then exits
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        if not self.output.exists():
+            return {"error": "py-spy wrote nothing: " + self.errors.read_text()[-400:].strip()}
+        return fold(self.output.read_text().splitlines())
+
+
+def _frame(text: str) -> tuple[str, str]:
+    """``function (path:line)`` -> (function, path)."""
+    name, _, where = text.rpartition(" (")
+    return (name or text), where.rsplit(":", 1)[0]
+
+
+def _ours(path: str) -> str | None:
+    """The project module a frame's file is (py-spy ``--full-filenames``), or None for libraries and
+    the standard library."""
+    if not path.startswith("/") or "/site-packages/" in path:
+        return None
+    try:
+        relative = Path(path).relative_to(ROOT)
+    except ValueError:
+        return None
+    return ".".join(relative.with_suffix("").parts)
+
+
+def _package(path: str) -> str:
+    if "/site-packages/" in path:
+        return path.split("/site-packages/", 1)[1].split("/", 1)[0].removesuffix(".py")
+    return "(project)" if _ours(path) else "(python)"
+
+
+def fold(lines: Iterable[str]) -> dict[str, Any]:
+    """py-spy's raw lines (``frame;frame;... count``, outermost first) folded by our functions: each
+    function's share of the samples with it on the stack, and with it the innermost of ours."""
+    inclusive: Counter[str] = Counter()
+    innermost: Counter[str] = Counter()
+    leaves: Counter[str] = Counter()
+    busy = 0
+    for line in lines:
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [frame for each in stack.split(";") if (frame := _frame(each))[1].endswith(".py")]
+        if not frames:
+            continue
+        busy += count
+        leaves[_package(frames[-1][1])] += count
+        ours = [f"{module}.{name}" for name, path in frames if (module := _ours(path))]
+        for each in set(ours):
+            inclusive[each] += count
+        if ours:
+            innermost[ours[-1]] += count
+    share = 100 / max(busy, 1)
+    return {
+        "busy_samples": busy,
+        "by_package": {name: n * share for name, n in leaves.most_common(12)},
+        "inclusive": {name: n * share for name, n in inclusive.most_common(25)},
+        "innermost": {name: n * share for name, n in innermost.most_common(15)},
+    }
+
+
+def render_samples(samples: dict[str, Any]) -> str:
+    if "error" in samples:
+        return f"  samples        not taken: {samples['error']}"
+    lines = [
+        f"\nsamples     one worker: {samples['busy_samples']} samples of a thread holding the GIL "
+        "(running Python; not waiting on the server, a lock or a sleep); shares of them",
+        "  where        " + "  ".join(f"{name} {pct:.0f}%" for name, pct in samples["by_package"].items()),
+        "\n| on the stack | innermost of ours | function |\n|---|---|---|",
+    ]
+    innermost = samples["innermost"]
+    for name, pct in samples["inclusive"].items():
+        lines.append(f"| {pct:.1f}% | {innermost.get(name, 0.0):.1f}% | `{name}` |")
     return "\n".join(lines)
 
 
@@ -370,6 +491,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="a PostgreSQL of its own with pg_stat_statements (initdb in a temporary directory)",
     )
+    parser.add_argument("--sample", action="store_true", help="sample the first worker with py-spy")
+    parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second (--sample)")
     add_database_arguments(parser, "bench_profile")
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args(argv)

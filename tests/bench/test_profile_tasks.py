@@ -73,10 +73,34 @@ def test_the_profile_runs_on_a_private_cluster_and_counts_statements_per_task():
 
     done = subprocess.run(
         [sys.executable, "bench/profile_tasks.py", "--tasks", "30", "--concurrency", "4",
-         "--server-workers", "1", "--private-cluster", "--no-save"],
+         "--server-workers", "1", "--private-cluster", "--sample", "--no-save"],
         cwd=ROOT, env={**os.environ, "DATABASE_URL": with_dbname(database_url(), "postgres")},
         capture_output=True, text=True, timeout=880,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "verified    30 tasks" in done.stdout
     assert "per task sent by the workers" in done.stdout and "| `COMMIT` |" in done.stdout
+    # py-spy sampled the first worker: its claim loop is on the stack of what it ran.
+    assert "samples of a thread holding the GIL" in done.stdout and "`runtime.loop.Loop." in done.stdout
+
+
+def test_sampled_stacks_fold_by_the_projects_functions():
+    """py-spy's raw lines (outermost frame first, then the count): each of our functions gets the
+    share of samples it is on the stack of, and of those where it is the innermost of ours; library
+    and standard-library frames count only for where the sample was."""
+    from bench.profile_tasks import ROOT, fold
+
+    ours, site = str(ROOT), "/venv/lib/python3.11/site-packages"
+    lines = [
+        f"thread (0x1);run (/usr/lib/python3.11/threading.py:9);_slot ({ours}/runtime/loop.py:5);"
+        f"execute ({site}/django/db/utils.py:3);wait ({site}/psycopg/connection.py:7) 6",
+        f"thread (0x1);_slot ({ours}/runtime/loop.py:5);_advance ({ours}/tasks/transitions.py:2);"
+        f"dumps (/usr/lib/python3.11/json/__init__.py:1) 3",
+        f"_advance ({ours}/tasks/transitions.py:2) 1",
+        "garbage without a count",
+    ]
+    folded = fold(lines)
+    assert folded["busy_samples"] == 10
+    assert folded["by_package"] == {"psycopg": 60.0, "(python)": 30.0, "(project)": 10.0}
+    assert folded["inclusive"] == {"runtime.loop._slot": 90.0, "tasks.transitions._advance": 40.0}
+    assert folded["innermost"] == {"runtime.loop._slot": 60.0, "tasks.transitions._advance": 40.0}
