@@ -45,6 +45,17 @@ same asked of the server for the session (``SERVER_DEAD_PEER``, through the
 ``options`` startup parameter; a transaction pooler would refuse it, so not
 through one): a partitioned worker's sessions end, and its locks go, within
 ``DEAD_PEER_SECONDS``.
+
+A pooler in session mode (PgBouncer with ``pool_mode = session``) gives each
+client one server session for as long as it stays connected, so nothing the
+app keeps in a session breaks; but PgBouncer refuses a client whose startup
+packet carries ``options`` (``unsupported startup parameter: options``), and
+with ``options`` in its ``ignore_startup_parameters`` it connects the client and
+drops the settings silently (``tests/cluster/test_pooler_session.py``). Asked
+through the pooler, the server would watch PgBouncer anyway, not the worker.
+``DATABASE_POOLER=session`` changes nothing but that: the server is not asked
+through the pooler (PgBouncer's own ``tcp_keep*`` settings, or a direct
+``DATABASE_LIVENESS_URL``, watch the workers then).
 """
 
 from __future__ import annotations
@@ -57,7 +68,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 POSTGRES_SCHEMES = {"postgres", "postgresql", "pgsql", "psql"}
 DEFAULT_PORT = "5432"
-POOLERS = ("none", "transaction")  # DATABASE_POOLER: what sits between the app and PostgreSQL
+POOLERS = ("none", "session", "transaction")  # DATABASE_POOLER: what sits between the app and PostgreSQL
 SESSION_ATTRS = {"any", "read-write", "read-only", "primary", "standby", "prefer-standby"}
 CONNECT_TIMEOUT = 5  # seconds per host
 # Keepalive probes after 5 s of silence, every 2 s, 3 unanswered: a dead peer is given up after 11 s;
@@ -114,15 +125,17 @@ def database_settings(env: environ.Env, url: str) -> dict[str, Any]:
 def pooled(config: dict[str, Any], pooler: str) -> dict[str, Any]:
     """``config`` (a ``DATABASES`` entry) made safe behind ``pooler`` (``DATABASE_POOLER``), in place.
 
-    ``none``: a direct connection, or a pooler in session mode; nothing changes.
+    ``none``: a direct connection; nothing changes.
+    ``session``: a pooler in session mode; nothing changes here (the caller asks the server for no
+    ``detect_dead_peers`` settings: ``server=False``).
     ``transaction``: no server-side cursors, no automatic prepared statements.
     """
     if pooler not in POOLERS:
         raise ImproperlyConfigured(
             f"DATABASE_POOLER: {pooler!r} is not one of {', '.join(POOLERS)} "
-            "(transaction: a transaction-pooling proxy such as PgBouncer with pool_mode = transaction)"
+            "(session or transaction: PgBouncer with pool_mode = session or transaction)"
         )
-    if pooler == "none":
+    if pooler != "transaction":
         return config
     if config.get("ENGINE") != "django.db.backends.postgresql":
         raise ImproperlyConfigured("DATABASE_POOLER=transaction: DATABASE_URL must name PostgreSQL")

@@ -38,8 +38,8 @@ def test_no_pooler_changes_nothing():
 
 
 def test_an_unknown_pooler_mode_is_refused_naming_the_known_ones():
-    with pytest.raises(ImproperlyConfigured, match="'session'.*none, transaction"):
-        dsn.pooled(dsn.database_settings(ENV, URL), "session")
+    with pytest.raises(ImproperlyConfigured, match="'statement'.*none, session, transaction"):
+        dsn.pooled(dsn.database_settings(ENV, URL), "statement")
 
 
 def test_prepared_statements_asked_for_in_the_url_are_refused_behind_a_transaction_pooler():
