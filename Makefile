@@ -103,7 +103,9 @@ partition-test: install-dev
 	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 0 -m cluster tests/cluster/test_partition.py $(PYTEST_ARGS)
 
 # What that failover costs (bench/cluster.py, the same scenario once at size): seconds without writes,
-# tasks stranded and until all move again, tasks/s before, during and after. JSON in bench/results/.
+# tasks stranded and until all move again, tasks/s before, during and after; then DBOS on the same kind
+# of failover (bench/peers/dbos_pay_invoice.py; its venv built from PyPI on first use; --peer none skips
+# it). JSON in bench/results/.
 CLUSTER_BENCH_ARGS ?= --tasks 200
 bench-cluster: install-dev
 	scripts/ensure-cluster-packages
