@@ -13,7 +13,7 @@ from uuid import UUID
 
 import django_filters
 from django import forms
-from django.db import connection
+from django.db import connection, connections
 from django.db.models import Q, QuerySet, TextField
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
@@ -27,12 +27,12 @@ from tasks.selectors import stuck_condition
 from tasks.states import NON_TERMINAL, TERMINAL, State
 from tenancy.selectors import tenants_for
 
-# The queue's search document: id (hex, no dashes), objective, idempotency key and the input
-# as JSON text. Written as portable SQL (PostgreSQL and SQLite). On PostgreSQL the
-# ``task_search_trgm`` trigram GIN index (tasks migration 0005) is built on ``UPPER(<this>)``
-# — the exact expression Django's ``icontains`` compares — so a search is a bitmap index
-# scan at any table size; keep the two texts identical (``test_queue`` checks the plan).
-# On SQLite (the demo) the same filter is a full scan of the user's tenants.
+# The queue's search document: id (hex, no dashes), objective, idempotency key and the input as JSON
+# text. On PostgreSQL it is a row of its own (``tasks.models.TaskSearch``, written by triggers, tasks
+# migration 0017, with the same expression), whose trigram GIN index ``task_search_doc_trgm`` on
+# ``UPPER(doc)`` makes a search an index scan at any table size (``test_queue`` checks the plan). On
+# SQLite (the demo) it is this expression over the task's own row, and the filter a full scan of the
+# user's tenants.
 SEARCH_SQL = (
     "REPLACE(CAST(\"tasks_task\".\"id\" AS text), '-', '')"
     ' || \' \' || "tasks_task"."objective"'
@@ -51,20 +51,39 @@ AGES = {
 YES_NO = [("true", "yes"), ("false", "no")]
 
 
-def search_condition(term: str) -> Q:
+def _id_range(term: str) -> tuple[UUID, UUID] | None:
+    """The ids that start with ``term`` (hex, dashes allowed), or None when it cannot start one."""
+    hex_id = term.lower().replace("-", "")
+    if not _HEX_ID.match(hex_id):
+        return None
+    return UUID(hex_id.ljust(32, "0")), UUID(hex_id.ljust(32, "f"))
+
+
+def search_condition(term: str, vendor: str = "postgresql") -> Q:
     """Tasks whose id starts with ``term`` or whose search document contains it (any case).
 
-    An id prefix is a range on the primary key (its index); everything else goes through
-    the search document. Both halves are index scans on PostgreSQL, OR-ed as a BitmapOr.
+    An id prefix is a range on the primary key; a pasted id with dashes is also looked for without
+    them, as the document holds it. On PostgreSQL the documents are rows of ``tasks_task_search``;
+    elsewhere each is computed from its task (``SEARCH_SQL``).
     """
     term = term.strip()
-    condition = Q(search_doc__icontains=term)
     hex_id = term.lower().replace("-", "")
-    if _HEX_ID.match(hex_id):
-        lowest, highest = UUID(hex_id.ljust(32, "0")), UUID(hex_id.ljust(32, "f"))
-        condition |= Q(id__gte=lowest, id__lte=highest)
-        if hex_id != term.lower():  # pasted with dashes: the document holds the id without them
-            condition |= Q(search_doc__icontains=hex_id)
+    ids = _id_range(term)
+    patterns = [term] + ([hex_id] if ids and hex_id != term.lower() else [])
+    if vendor == "postgresql":
+        # One subquery, so that PostgreSQL joins the few tasks it finds (the trigram index of the
+        # search table, a range of the key) rather than testing every task of the tenant on an OR.
+        parts = ["SELECT task_id FROM tasks_task_search WHERE UPPER(doc) LIKE UPPER(%s)"] * len(patterns)
+        params: list[Any] = [f"%{connection.ops.prep_for_like_query(each)}%" for each in patterns]
+        if ids:
+            parts.append("SELECT id FROM tasks_task WHERE id BETWEEN %s AND %s")
+            params += ids
+        return Q(id__in=RawSQL(" UNION ALL ".join(parts), params))
+    condition = Q()
+    for each in patterns:
+        condition |= Q(search_doc__icontains=each)
+    if ids:
+        condition |= Q(id__gte=ids[0], id__lte=ids[1])
     return condition
 
 
@@ -121,9 +140,10 @@ class TaskFilter(django_filters.FilterSet):
     def filter_search(self, queryset: QuerySet[Task], name: str, value: str) -> QuerySet[Task]:
         if not value:
             return queryset
-        return queryset.annotate(search_doc=RawSQL(SEARCH_SQL, (), output_field=TextField())).filter(
-            search_condition(value)
-        )
+        vendor = connections[queryset.db].vendor
+        if vendor != "postgresql":
+            queryset = queryset.annotate(search_doc=RawSQL(SEARCH_SQL, (), output_field=TextField()))
+        return queryset.filter(search_condition(value, vendor))
 
     def filter_escalated(self, queryset: QuerySet[Task], name: str, value: str) -> QuerySet[Task]:
         return (

@@ -248,6 +248,32 @@ class ExternalEvent(models.Model):
         return f"{self.event_type} {self.event_key} for {self.task_id}"
 
 
+class TaskSearch(models.Model):
+    """A task's search document (``reads.queue``), kept apart from its row.
+
+    The document (id, objective, idempotency key, input) never changes once the task exists, but a
+    trigram index on ``tasks_task`` took ~56 new entries at every change of state, the bulk of a
+    transition's index writes. Here the row is written once. On PostgreSQL, triggers on
+    ``tasks_task`` write it (every insert path, raw SQL included), rewrite it if those columns ever
+    change, and delete it with its task (migration ``tasks/0017``); the trigram index
+    ``task_search_doc_trgm`` is on ``UPPER(doc)``. On SQLite (the demo) the table stays empty and
+    the queue's search scans the tasks themselves.
+    """
+
+    # No foreign key constraint: the triggers keep the two in step, and retention's deletes of
+    # tasks need no extra statement from Django's collector.
+    task = models.OneToOneField(
+        Task, primary_key=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    doc = models.TextField()
+
+    class Meta:
+        db_table = "tasks_task_search"
+
+    def __str__(self) -> str:
+        return f"search document of {self.task_id}"
+
+
 class TaskInput(models.Model):
     """An answer to ``waiting_input``; one per waiting version, so a repeated post applies once."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 from django.utils import timezone
 
@@ -176,7 +176,60 @@ def test_the_search_uses_the_trigram_index(operator, acme):
         cursor.execute("SET LOCAL enable_indexscan = off")
         cursor.execute(f"EXPLAIN {sql}", params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert "task_search_trgm" in plan, plan
+    assert "task_search_doc_trgm" in plan, plan
+
+
+def test_the_search_document_is_written_once_and_no_change_of_state_rewrites_it(acme):
+    """The document lives in ``tasks_task_search``, written by triggers on every insert path; a
+    change of state leaves it (and its trigram entries) alone; a changed input rewrites it; it goes
+    with its task. ``tasks_task`` keeps no trigram index, so its state changes write none."""
+    from tasks.models import TaskSearch
+
+    def doc_and_version(task_id):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT doc, xmin::text FROM tasks_task_search WHERE task_id = %s", [task_id])
+            return cursor.fetchone()
+
+    task = make_task(acme, input={**REFUND_INPUT, "order_id": "ORD-7781"})
+    doc, written = doc_and_version(task.id)
+    assert "ORD-7781" in doc and task.id.hex in doc and task.objective in doc
+    Task.objects.filter(pk=task.pk).update(state=State.QUARANTINED, state_version=task.state_version + 1)
+    assert doc_and_version(task.id) == (doc, written)  # not even rewritten in place
+    Task.objects.filter(pk=task.pk).update(input={**REFUND_INPUT, "order_id": "ORD-9990"})
+    assert "ORD-9990" in doc_and_version(task.id)[0] and "ORD-7781" not in doc_and_version(task.id)[0]
+
+    with connection.cursor() as cursor:  # a path that is not the ORM's
+        cursor.execute("CREATE TEMP TABLE copied AS SELECT * FROM tasks_task WHERE id = %s", [task.id])
+        cursor.execute(
+            "UPDATE copied SET id = gen_random_uuid(), objective = 'raw insert ZQX-1', idempotency_key = NULL"
+        )
+        cursor.execute("INSERT INTO tasks_task SELECT * FROM copied RETURNING id")
+        raw_id = cursor.fetchone()[0]
+    assert "ZQX-1" in doc_and_version(raw_id)[0]
+    with transaction.atomic(), connection.cursor() as cursor:  # as retention deletes tasks
+        cursor.execute("SET LOCAL audit.retention = on")
+        Task.objects.filter(pk=raw_id).delete()  # (the other has history, which protects it)
+    assert list(
+        TaskSearch.objects.filter(task_id__in=[task.pk, raw_id]).values_list("task_id", flat=True)
+    ) == [task.pk]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexdef FROM pg_indexes WHERE tablename = 'tasks_task'")
+        assert not [row for row in cursor.fetchall() if "gin_trgm_ops" in row[0]]
+
+
+def test_a_search_finds_by_document_by_id_prefix_and_by_a_pasted_id(operator, acme, globex):
+    target = make_task(acme, input={**REFUND_INPUT, "order_id": "ORD-4_%2"})
+    other = make_task(acme)
+    make_task(globex, input={**REFUND_INPUT, "order_id": "ORD-4_%2"})  # another tenant's: never
+
+    def found(term):
+        body = api_client_for(operator).get("/api/tasks/", {"q": term}).json()
+        return {row["id"] for row in body["results"]}
+
+    assert found("ord-4_%2") == {str(target.id)}  # LIKE's wildcards are literal
+    assert found("ORD-4x") == set() and found("4_%") == {str(target.id)}
+    assert found(target.id.hex[:8]) >= {str(target.id)}
+    assert found(str(other.id)) == {str(other.id)}  # pasted with its dashes
 
 
 def plan_of(sql: str, params, *, seqscan: bool = True) -> str:
