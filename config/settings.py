@@ -455,6 +455,9 @@ elif CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
     CELERY_TASK_DEFAULT_EXCHANGE_TYPE = "topic"
     CELERY_TASK_CREATE_MISSING_QUEUE_EXCHANGE_TYPE = "topic"
     CELERY_BROKER_NATIVE_DELAYED_DELIVERY_QUEUE_TYPE = "quorum"
+    # ...set up through the node the worker is connected to, not every node listed (config/broker.py):
+    # Celery's own step retried a dead node for ~20 s after each reconnect, taking no message meanwhile.
+    CELERY_WORKER_CONSUMER = "config.broker:Consumer"
 else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         # Redis (and SQS) hand a message left unacknowledged this long to another consumer: with

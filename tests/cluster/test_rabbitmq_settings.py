@@ -17,14 +17,17 @@ from celery import Celery
 from celery.utils.quorum_queues import detect_quorum_queues
 from kombu import Connection
 
+from config import broker
+
 SETTINGS = Path(__file__).resolve().parents[2] / "config" / "settings.py"
 NODES = "amqp://app:pw@mq1:5672/durable;amqp://app:pw@mq2:5672/durable;amqp://app:pw@mq3:5672/durable"
 
 
-def celery_app(monkeypatch, tmp_path, url: str) -> Celery:
-    """A Celery app configured from the settings module as loaded with ``CELERY_BROKER_URL=url``."""
+def celery_app(monkeypatch, tmp_path, url: str, region: str = "eu") -> Celery:
+    """A Celery app configured from the settings module as loaded with ``CELERY_BROKER_URL=url`` (and
+    ``WORKER_REGION=region``); the environment is the test's own until it ends."""
     monkeypatch.setenv("CELERY_BROKER_URL", url)
-    monkeypatch.setenv("WORKER_REGION", "eu")
+    monkeypatch.setenv("WORKER_REGION", region)
     monkeypatch.setenv("VAR_DIR", str(tmp_path))
     monkeypatch.setenv("DEBUG", "1")
     monkeypatch.delenv("CELERY_BROKER_KEY_PREFIX", raising=False)
@@ -93,6 +96,25 @@ def test_a_countdown_goes_through_rabbitmqs_native_delayed_delivery(monkeypatch,
     assert published(app) == {"exchange": "region.eu", "routing_key": "region.eu"}
 
 
+def test_delayed_delivery_is_set_up_through_the_node_the_worker_is_on_not_every_node_listed(
+    monkeypatch, tmp_path
+):
+    app = celery_app(monkeypatch, tmp_path, NODES)
+    assert app.conf.worker_consumer == "config.broker:Consumer"
+    assert "config.broker:DelayedDelivery" in broker.Consumer.Blueprint.default_steps
+    assert (
+        "celery.worker.consumer.delayed_delivery:DelayedDelivery"
+        not in broker.Consumer.Blueprint.default_steps
+    )
+    on = Connection(app.conf.broker_url)
+    on.maybe_switch_next()  # the worker failed over from mq1 to mq2
+    tried: list[str] = []
+    step = broker.DelayedDelivery.__new__(broker.DelayedDelivery)
+    monkeypatch.setattr(step, "_setup_delayed_delivery", lambda c, url: tried.append(url), raising=False)
+    step.start(SimpleNamespace(app=app, connection=on))
+    assert tried == ["amqp://app:pw@mq2:5672/durable"]
+
+
 def test_redis_keeps_classic_queues_and_its_visibility_timeout(monkeypatch, tmp_path):
     app = celery_app(monkeypatch, tmp_path, "redis://127.0.0.1:6379/0")
     assert app.amqp.queues["region.eu"].queue_arguments is None
@@ -100,6 +122,7 @@ def test_redis_keeps_classic_queues_and_its_visibility_timeout(monkeypatch, tmp_
     assert app.amqp.queues["region.eu"].exchange.type == "direct"
     assert app.conf.broker_transport_options == {"visibility_timeout": 300.0}
     assert detect_quorum_queues(app, "redis") == (False, "")
+    assert app.conf.worker_consumer == "celery.worker.consumer:Consumer"
 
 
 def test_the_embedded_filesystem_broker_is_unchanged(monkeypatch, tmp_path):
