@@ -6,15 +6,25 @@ an empty or half-written file, fail to decode it, and take the Celery worker dow
 server and beat this way). Here a message is written under a name no consumer matches and renamed into
 place, which the filesystem does atomically, so a consumer sees either nothing or the whole message.
 ``settings.CELERY_BROKER_TRANSPORT`` names this transport when the broker URL is ``filesystem://``.
+
+RabbitMQ (``amqp://``, several nodes of one cluster separated by ``;``): ``Consumer`` is Celery's worker
+consumer with native delayed delivery set up through the node the worker is connected to, once. Celery's
+own step sets it up on every URL listed, as if each were a broker of its own, and retries a node that does
+not answer for about twenty seconds, during which the worker takes no message: after a node died, every
+reconnect paid that. The exchanges, queues and bindings it declares are the cluster's, not one node's,
+so one live node is enough. ``settings.CELERY_WORKER_CONSUMER`` names it for an ``amqp://`` broker.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from time import monotonic
 from typing import Any
 
+from celery.worker import consumer
+from celery.worker.consumer import delayed_delivery
 from kombu.exceptions import ChannelError
 from kombu.transport import filesystem
 from kombu.utils.encoding import str_to_bytes
@@ -39,3 +49,38 @@ class Channel(filesystem.Channel):
 
 class Transport(filesystem.Transport):
     Channel = Channel
+
+
+log = logging.getLogger(__name__)
+
+
+class DelayedDelivery(delayed_delivery.DelayedDelivery):
+    """Native delayed delivery declared through the consumer's own connection (its current node)."""
+
+    def start(self, c: consumer.Consumer) -> None:
+        # Celery's validation and set-up of one URL (private, untyped in celery-types): only the loop
+        # over every URL listed, with its retries, is replaced.
+        self._validate_configuration(c.app)  # type: ignore[attr-defined]
+        if c.connection is None:
+            return
+        try:
+            self._setup_delayed_delivery(c, c.connection.as_uri(include_password=True))  # type: ignore[attr-defined]
+        except Exception:  # a countdown then waits in the worker instead; the doorbell itself is fine
+            log.warning(
+                "could not set up native delayed delivery; the next reconnect tries again", exc_info=True
+            )
+
+
+class Consumer(consumer.Consumer):
+    """Celery's worker consumer with the ``DelayedDelivery`` step above in place of its own."""
+
+    Blueprint = type(
+        "Blueprint",
+        (consumer.Consumer.Blueprint,),
+        {
+            "default_steps": [
+                f"{__name__}:DelayedDelivery" if step.endswith(":DelayedDelivery") else step
+                for step in consumer.Consumer.Blueprint.default_steps
+            ]
+        },
+    )

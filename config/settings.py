@@ -431,6 +431,33 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     # kombu's filesystem transport, but a message appears in the folder only once it is whole
     # (config/broker.py): a half-written file used to crash the worker that read it.
     CELERY_BROKER_TRANSPORT = "config.broker:Transport"
+elif CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
+    # RabbitMQ, the production broker (docs/operating/scale-out.md, "RabbitMQ"). Several nodes may be
+    # listed, separated by ";": a worker or publisher whose node dies connects to the next one.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        # A publish returns once the broker has the message (on a quorum queue: on a majority of
+        # nodes), or raises; the doorbell logs that and the sweep rings again. Without confirms a
+        # message sent to a node that dies the next moment is gone without a word.
+        "confirm_publish": True,
+    }
+    # Quorum queues (Raft, replicated on every node of the cluster) for the region queues and the audit
+    # queue: a node's death loses no message, and its queues' leaders move to the other nodes. The
+    # default queue is this worker's region; the others (another region's doorbells, "audit") are
+    # declared on first use, quorum too.
+    CELERY_TASK_DEFAULT_QUEUE_TYPE = "quorum"
+    CELERY_TASK_CREATE_MISSING_QUEUE_TYPE = "quorum"
+    # Quorum queues take no global QoS: the prefetch limit (CELERY_WORKER_PREFETCH_MULTIPLIER below)
+    # applies per consumer instead, which is what one doorbell per pool process needs.
+    CELERY_WORKER_DETECT_QUORUM_QUEUES = True
+    # A countdown or eta on a quorum queue goes through RabbitMQ's native delayed delivery (the
+    # celery_delayed_* exchanges and queues the worker declares, quorum too) instead of being held in
+    # a worker's memory; that routing needs topic exchanges, not the default direct ones.
+    CELERY_TASK_DEFAULT_EXCHANGE_TYPE = "topic"
+    CELERY_TASK_CREATE_MISSING_QUEUE_EXCHANGE_TYPE = "topic"
+    CELERY_BROKER_NATIVE_DELAYED_DELIVERY_QUEUE_TYPE = "quorum"
+    # ...set up through the node the worker is connected to, not every node listed (config/broker.py):
+    # Celery's own step retried a dead node for ~20 s after each reconnect, taking no message meanwhile.
+    CELERY_WORKER_CONSUMER = "config.broker:Consumer"
 else:
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         # Redis (and SQS) hand a message left unacknowledged this long to another consumer: with

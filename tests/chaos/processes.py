@@ -197,7 +197,9 @@ class CeleryCluster:
         if self.env["CELERY_BROKER_URL"].startswith("redis://"):
             _require_redis()
 
-    def worker(self, concurrency: int = 2) -> CeleryProcess:
+    def worker(self, concurrency: int = 2, name: str = "worker") -> CeleryProcess:
+        """A worker of the region; ``name`` tells several apart (their node names and log files)."""
+        node = self.region if name == "worker" else f"{name}.{self.region}"
         worker = CeleryProcess(
             [
                 "worker",
@@ -206,11 +208,11 @@ class CeleryCluster:
                 "-c",
                 str(concurrency),
                 "-n",
-                f"{self.region}@%h",
+                f"{node}@%h",
                 "--loglevel=INFO",
             ],
             env=self.env,
-            log=self.tmp_path / "worker.log",
+            log=self.tmp_path / f"{name}.log",
         )
         self.started.append(worker)
         worker.wait_ready(" ready.")
