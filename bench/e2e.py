@@ -67,6 +67,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,14 +86,10 @@ from bench.common import (  # noqa: E402
     SERVER_START_TIMEOUT,
     add_database_arguments,
     add_smoke_argument,
-    drop_unless_kept,
     machine_info,
-    migrate_database,
     print_machine,
-    recreate_database,
+    run_database,
     settle,
-    setup_django,
-    with_dbname,
 )
 
 DEFAULT_TTL = 30.0  # settings.LEASE_TTL_SECONDS's default
@@ -1079,14 +1076,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     server_url = os.environ.get("DATABASE_URL") or DEFAULT_SERVER_URL
-    url = with_dbname(server_url, args.database)
-    recreate_database(server_url, args.database, create=True)
     server: Server | None = None
-    try:
-        os.environ["DATABASE_URL"] = url
-        setup_django(debug=False)
-
-        migrate_database(server_url, args.database, fresh=args.fresh_migrate)
+    with ExitStack() as cleanup:
+        url = cleanup.enter_context(run_database(server_url, args))
+        cleanup.callback(lambda: server.stop() if server is not None else None)  # before the drop
         backlog_created = min(args.backlog, args.backlog_measure + 2 * args.workers * args.concurrency)
         _make_orders(max(args.tasks, args.recovery_tasks, backlog_created), random.Random(args.seed))
         info = machine_info(url)
@@ -1178,12 +1171,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             }, indent=2))  # fmt: skip
             print(f"\nresults     {path.relative_to(ROOT)}")
         return 0
-    finally:
-        if server is not None:
-            server.stop()
-        if "django.db" in sys.modules:
-            sys.modules["django.db"].connections.close_all()
-        drop_unless_kept(server_url, args.database, args.keep_database)
 
 
 if __name__ == "__main__":

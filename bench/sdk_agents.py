@@ -70,14 +70,11 @@ from bench.common import (  # noqa: E402
     RESULTS_DIR,
     add_database_arguments,
     add_smoke_argument,
-    drop_unless_kept,
     machine_info,
-    migrate_database,
     print_machine,
-    recreate_database,
+    run_database,
     settle,
     setup_django,
-    with_dbname,
 )
 from bench.e2e import DEFAULT_TTL, Server, Workers, _busy_span, _quantiles, _table  # noqa: E402
 
@@ -635,41 +632,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_as_worker(argv[1:])
     args = parse_args(argv)
     server_url = os.environ.get("DATABASE_URL") or DEFAULT_SERVER_URL
-    url = with_dbname(server_url, args.database)
-    recreate_database(server_url, args.database, create=True)
-    server: Server | None = None
     started = time.monotonic()
-    try:
-        os.environ["DATABASE_URL"] = url
-        setup_django(debug=False)
+    with run_database(server_url, args) as url:
         register_native()
-
-        migrate_database(server_url, args.database, fresh=args.fresh_migrate)
         info = machine_info(url)
         print_machine(info, debug=False)
         with tempfile.TemporaryDirectory(prefix="bench-agents-") as logs_dir:
             logs = Path(logs_dir)
             server = Server("gunicorn", url, logs, workers=2, threads=4)
-            if args.profile:
-                from django.conf import settings
+            try:
+                if args.profile:
+                    from django.conf import settings
 
-                settings.SANDBOX_BASE_URL, settings.MODEL_LATENCY_MS = server.sandbox, 0
-                print(profile(args, args.profile))
-                return 0
-            print(f"run         {args.workers} x run_worker --concurrency {args.concurrency} "
-                  f"--idle {args.idle:g} --sweep; {args.tasks} tasks per cell; "
-                  f"sandbox on {server.description}\n")  # fmt: skip
-            cells = []
-            for latency in args.latencies:
-                for run in range(args.repeat):
-                    for kind in KINDS if run % 2 == 0 else KINDS[::-1]:
-                        cell = measure_cell(args, kind, latency, run, url, server, logs)
-                        print(f"  {kind:<22} {latency:>4g} ms  {cell['tasks_per_s']:6.1f} tasks/s "
-                              f"({cell['busy_s']:.1f} s busy)", flush=True)  # fmt: skip
-                        cells.append(cell)
-            storage = measure_storage(args, url, server, logs) if args.storage else []
-            server.stop()
-            server = None
+                    settings.SANDBOX_BASE_URL, settings.MODEL_LATENCY_MS = server.sandbox, 0
+                    print(profile(args, args.profile))
+                    return 0
+                print(f"run         {args.workers} x run_worker --concurrency {args.concurrency} "
+                      f"--idle {args.idle:g} --sweep; {args.tasks} tasks per cell; "
+                      f"sandbox on {server.description}\n")  # fmt: skip
+                cells = []
+                for latency in args.latencies:
+                    for run in range(args.repeat):
+                        for kind in KINDS if run % 2 == 0 else KINDS[::-1]:
+                            cell = measure_cell(args, kind, latency, run, url, server, logs)
+                            print(f"  {kind:<22} {latency:>4g} ms  {cell['tasks_per_s']:6.1f} tasks/s "
+                                  f"({cell['busy_s']:.1f} s busy)", flush=True)  # fmt: skip
+                            cells.append(cell)
+                storage = measure_storage(args, url, server, logs) if args.storage else []
+            finally:
+                server.stop()
         print(f"\nverified    {sum(c['tasks'] for c in cells) + len(storage)} tasks: completed with the "
               "agent's answer, one refund and one e-mail each, audit chains intact\n")  # fmt: skip
         table = render(args, cells, storage)
@@ -685,12 +676,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             }, indent=2, default=str))  # fmt: skip
             print(f"\nresults     {path.relative_to(ROOT)}")
         return 0
-    finally:
-        if server is not None:
-            server.stop()
-        if "django.db" in sys.modules:
-            sys.modules["django.db"].connections.close_all()
-        drop_unless_kept(server_url, args.database, args.keep_database)
 
 
 if __name__ == "__main__":
