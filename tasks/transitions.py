@@ -3,7 +3,10 @@
 ``task_start`` inserts a task at version 1; ``advance`` moves it along one edge
 of ``tasks.states.TRANSITIONS``. Each is one durable transaction holding the
 task row change, its checkpoint, its audit event and its ledger (outbox) rows:
-either all of them commit or none does.
+either all of them commit or none does. On PostgreSQL a commit with nothing of
+its caller's to run inside it is one statement (the rows ride on the
+compare-and-set, ``tasks.hotpath.compare_and_set(inserts=…)``), sent on its own
+without ``BEGIN``/``COMMIT``: one round trip.
 
 What runs besides the kernel's own code, and when, is named at the call site
 or declared in ``tasks.hooks``; nothing is connected invisibly:
