@@ -7,11 +7,13 @@ What it measures
     advance  each writer calls ``advance(task, version, READY, trigger="step",
              actor=Actor.worker(...), progress=Progress(...))`` through Django;
     raw      each writer issues, with plain psycopg and no Django, the statements
-             advance() issues, in one transaction: BEGIN; SELECT the task row;
-             UPDATE tasks_task ... WHERE id AND state AND state_version (row count
-             checked); INSERT audit_transitionevent (HMAC chain hash computed in
-             Python by ``audit.chain.keyed_hash``); INSERT tasks_checkpoint (the same
-             canonical JSON body); COMMIT.
+             advance() issues on PostgreSQL, in autocommit: SELECT the task row;
+             then one statement, WITH moved AS (UPDATE tasks_task ... WHERE id AND
+             state AND state_version RETURNING id) inserting the audit event (HMAC
+             chain hash computed in Python by ``audit.chain.keyed_hash``) and the
+             checkpoint (the same canonical JSON body) FROM moved, its count checked.
+             (Before issue 27 both sent BEGIN, the SELECT, the UPDATE, two INSERTs
+             and COMMIT.)
 
     ``advance / raw`` is the share of the raw rate our code keeps: the overhead of
     the ORM, pydantic, tracing and the primitive's checks on top of the database's
@@ -127,23 +129,18 @@ UPDATE_TASK = (
     + ", ".join(f"{name} = %s" for name in CHANGEABLE_COLUMNS)
     + " WHERE (id = %s AND state = %s AND state_version = %s AND ownership_epoch = %s)"
 )
-INSERT_EVENT = (
-    f"INSERT INTO audit_transitionevent ({', '.join(EVENT_COLUMNS)}) "
-    f"VALUES ({', '.join(['%s'] * len(EVENT_COLUMNS))}) RETURNING id"
-)
-INSERT_CHECKPOINT = (
-    f"INSERT INTO tasks_checkpoint ({', '.join(CHECKPOINT_COLUMNS)}) "
-    f"VALUES ({', '.join(['%s'] * len(CHECKPOINT_COLUMNS))}) RETURNING id"
+# The commit as advance() sends it on PostgreSQL (issue 27): one statement, outside a transaction,
+# whose history rows are inserted only if the compare-and-set moved the row.
+COMMIT_STEP = (
+    f"WITH moved AS ({UPDATE_TASK} RETURNING id), "
+    f"event AS (INSERT INTO audit_transitionevent ({', '.join(EVENT_COLUMNS)}) "
+    f"SELECT {', '.join(['%s'] * len(EVENT_COLUMNS))} FROM moved), "
+    f"checkpoint AS (INSERT INTO tasks_checkpoint ({', '.join(CHECKPOINT_COLUMNS)}) "
+    f"SELECT {', '.join(['%s'] * len(CHECKPOINT_COLUMNS))} FROM moved) "
+    "SELECT count(*) FROM moved"
 )
 # (verb, table) of each statement, compared with what advance() really sends.
-RAW_SHAPE = [
-    "BEGIN",
-    "SELECT tasks_task",
-    "UPDATE tasks_task",
-    "INSERT audit_transitionevent",
-    "INSERT tasks_checkpoint",
-    "COMMIT",
-]
+RAW_SHAPE = ["SELECT tasks_task", "WITH"]
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -166,8 +163,9 @@ def raw_transition(
     step: str,
     facts: dict[str, Any],
 ) -> None:
-    """READY -> READY by trigger ``step``, statement for statement as advance() does it."""
-    with conn.transaction(), conn.cursor() as cur:
+    """READY -> READY by trigger ``step``, statement for statement as advance() does it (``conn`` in
+    autocommit: the read, then the commit's one statement)."""
+    with conn.cursor() as cur:
         cur.execute(SELECT_TASK, (task_id,))
         row = cur.fetchone()
         if row is None:
@@ -205,13 +203,12 @@ def raw_transition(
         changeable = [outcome, *(task[name] for name in CHANGEABLE_COLUMNS[1:])]
         where = [task_id, "ready", expected_version, task["ownership_epoch"]]
         written = ["ready", "", now, task["state_entered_at"], head, 1]  # 1: the body's schema
-        cur.execute(UPDATE_TASK, [*written, *changeable, *where])
-        if cur.rowcount != 1:
+        event = [*fields.values(), prev_hash, head, key.id]
+        checkpoint = [task_id, version, 1, "json/v1", encoded, digest, now]
+        cur.execute(COMMIT_STEP, [*written, *changeable, *where, *event, *checkpoint])
+        (moved,) = cur.fetchone() or (0,)
+        if moved != 1:
             raise RuntimeError(f"task {task_id} moved on from v{expected_version}")
-        cur.execute(INSERT_EVENT, [*fields.values(), prev_hash, head, key.id])
-        cur.fetchone()
-        cur.execute(INSERT_CHECKPOINT, [task_id, version, 1, "json/v1", encoded, digest, now])
-        cur.fetchone()
 
 
 # ---------------------------------------------------------------------------

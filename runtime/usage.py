@@ -24,12 +24,12 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import transaction
 
 from runtime.llm import Reply
 from runtime.models import ModelUsage
 from tasks import metrics
 from tasks.models import Task
+from tasks.transitions import Append
 
 PER_TOKENS = Decimal(1_000_000)  # MODEL_PRICES are per this many tokens
 
@@ -64,13 +64,8 @@ def recorder(task: Task, step: str, reply: Reply, *, committed: bool, now: datet
         committed=committed,
         recorded_at=now,
     )
-    return functools.partial(_write, usage)
-
-
-def _write(usage: ModelUsage) -> None:
-    usage.save(force_insert=True)
-    transaction.on_commit(
-        functools.partial(
-            metrics.model_used, usage.model_id, usage.input_tokens, usage.output_tokens, usage.cost
-        )
+    # An ``Append``: on PostgreSQL the row rides on the transition's own statement.
+    counted = functools.partial(
+        metrics.model_used, usage.model_id, usage.input_tokens, usage.output_tokens, usage.cost
     )
+    return Append(usage, committed=counted)

@@ -121,7 +121,16 @@ def verify_chain(
     return verify_task(task, path=path_problem, keyed=keyed, since_verified=since_verified, remember=remember)
 
 
+def anchor_request(task: Any, trigger: str, actions: Collection[object]) -> AnchorRequest | None:
+    """The (unsaved) request for an anchor soon, if this commit is consequential, else None: what
+    ``ring_after`` inserts, for a transition that writes it in its own statement."""
+    if trigger in ANCHOR_AFTER or actions:
+        return AnchorRequest(requested_at=task.updated_at, reason=trigger, task_id=task.id)
+    return None
+
+
 def ring_after(task: Any, trigger: str, actions: Collection[object]) -> None:
     """Inside a transition's transaction: ask for an anchor soon if this commit is consequential."""
-    if trigger in ANCHOR_AFTER or actions:
-        AnchorRequest.objects.create(requested_at=task.updated_at, reason=trigger, task_id=task.id)
+    request = anchor_request(task, trigger, actions)
+    if request is not None:
+        request.save(force_insert=True)

@@ -182,6 +182,7 @@ def compare_and_set(
     epoch: int | None = None,
     close: CancelAnswers | None = None,
     release: bool = False,
+    inserts: Sequence[models.Model] = (),
 ) -> bool:
     """Write ``fields`` of ``task`` and bump its version, only if it is still at
     ``expected_version`` in ``from_state`` (and, given ``lease`` = (token,
@@ -194,48 +195,68 @@ def compare_and_set(
     ``WITH moved AS (UPDATE … RETURNING id), … SELECT count(*) FROM moved``: the count is still
     the compare-and-set's result, and the other writes key on ``moved``, so a refused
     compare-and-set writes nothing at all.
+
+    ``inserts`` (PostgreSQL too): append-only rows (as ``insert`` writes them) added by the same
+    statement, each an ``INSERT … SELECT … FROM moved``: inserted only if the row moved. With them,
+    a transition's whole commit (the task, its event, checkpoint, outbox rows) is one statement,
+    and so, outside a transaction, one round trip.
     """
     release = release and lease is not None
-    if (close is not None or release) and not folds():
+    folding = close is not None or release or bool(inserts)
+    if folding and not folds():
         raise ValueError("only PostgreSQL folds writes into the compare-and-set")
-    key = ("update", tuple(fields), lease is not None, epoch is not None, close is not None, release)
+    shapes = tuple(type(row) for row in inserts)
+    key = ("update", tuple(fields), lease is not None, epoch is not None, close is not None, release, shapes)
     connection, prepared = _connection(), _prepared()
     if key not in prepared:
         table = connection.ops.quote_name(Task._meta.db_table)
         version = _column(Task, "state_version")
         sets = ", ".join(f"{_column(Task, name)} = %s" for name in fields)
-        sql = (
-            f"UPDATE {table} SET {version} = {version} + 1, {sets} "
-            f"WHERE {_column(Task, 'id')} = %s AND {version} = %s AND {_column(Task, 'state')} = %s"
+        mine = f"{table}.{_column(Task, 'id')}"
+        sql = f"UPDATE {table} SET {version} = {table}.{version} + 1, {sets}"
+        leases = connection.ops.quote_name(Lease._meta.db_table)
+        fence = (
+            f"{leases}.{_column(Lease, 'token')} = %s AND {leases}.{_column(Lease, 'worker_id')} = %s"
+            f" AND {leases}.{_column(Lease, 'expires_at')} > {_now(connection)}"
         )
+        joined = lease is not None and connection.vendor == "postgresql"
+        if joined:
+            # The fence as a join on the lease's primary key (the task id), not a sub-select: the
+            # lease row of this task, at this token, of this holder, live by the database's clock,
+            # judged at the statement's start as the sub-select was. (SQLite keeps the sub-select.)
+            sql += f" FROM {leases} WHERE {leases}.{_column(Lease, 'task')} = {mine} AND {fence} AND"
+        else:
+            sql += " WHERE"
+        sql += f" {mine} = %s AND {table}.{version} = %s AND {table}.{_column(Task, 'state')} = %s"
         if epoch is not None:
-            sql += f" AND {_column(Task, 'ownership_epoch')} = %s"
-        if lease is not None:
-            sql += (
-                f" AND EXISTS (SELECT 1 FROM {connection.ops.quote_name(Lease._meta.db_table)}"
-                f" WHERE {_column(Lease, 'task')} = %s AND {_column(Lease, 'token')} = %s"
-                f" AND {_column(Lease, 'worker_id')} = %s"
-                f" AND {_column(Lease, 'expires_at')} > {_now(connection)})"
-            )
-        if close is not None or release:
-            sql = _folded(connection, sql, close=close is not None, release=release)
-        prepared[key] = (sql, [Task._meta.get_field(name) for name in fields])
-    sql, columns = prepared[key]
+            sql += f" AND {table}.{_column(Task, 'ownership_epoch')} = %s"
+        if lease is not None and not joined:
+            sql += f" AND EXISTS (SELECT 1 FROM {leases} WHERE {leases}.{_column(Lease, 'task')} = %s"
+            sql += f" AND {fence})"
+        inserted = [_insert_statement(connection, model) for model in shapes]
+        if folding:
+            sql = _folded(connection, sql, close=close is not None, release=release, inserts=inserted)
+        prepared[key] = (sql, [Task._meta.get_field(name) for name in fields], inserted)
+    sql, columns, inserted = prepared[key]
     pk = Task._meta.get_field("id").get_db_prep_value(task.pk, connection)
     params = [field.get_db_prep_save(getattr(task, field.attname), connection) for field in columns]
+    joined = lease is not None and connection.vendor == "postgresql"
+    if lease is not None and joined:
+        params += list(lease)  # token, worker id
     params += [pk, expected_version, from_state]
     if epoch is not None:
         params.append(epoch)
-    if lease is not None:
-        token, worker_id = lease
-        params += [pk, token, worker_id]
+    if lease is not None and not joined:
+        params += [pk, *lease]
     if close is not None:
         params += _answer_params(connection, close)
     if release and lease is not None:
         params.append(lease[0])
+    for row, (_, row_fields) in zip(inserts, inserted, strict=True):
+        params += _insert_params(connection, row, row_fields)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        if close is not None or release:
+        if folding:
             (moved,) = cursor.fetchone()
             return bool(moved == 1)
         updated: int = cursor.rowcount
@@ -259,10 +280,19 @@ def folds() -> bool:
     return _connection().vendor == "postgresql"
 
 
-def _folded(connection: BaseDatabaseWrapper, update: str, *, close: bool, release: bool) -> str:
+def _folded(
+    connection: BaseDatabaseWrapper,
+    update: str,
+    *,
+    close: bool,
+    release: bool,
+    inserts: Sequence[tuple[str, list[models.Field[Any, Any]]]] = (),
+) -> str:
     """``update`` (the compare-and-set) as a statement that also closes cancel requests and/or
-    releases the lease, each only for the row it moved; returns the number of rows moved."""
-    parts = [f"moved AS ({update} RETURNING {_column(Task, 'id')})"]
+    releases the lease and/or inserts rows, each only for the row it moved; returns the number of
+    rows moved."""
+    table = connection.ops.quote_name(Task._meta.db_table)
+    parts = [f"moved AS ({update} RETURNING {table}.{_column(Task, 'id')})"]
     if close:
         table = connection.ops.quote_name(CancelRequest._meta.db_table)
         scope, status = _column(CancelRequest, "scope"), _column(CancelRequest, "status")
@@ -282,6 +312,8 @@ def _folded(connection: BaseDatabaseWrapper, update: str, *, close: bool, releas
             f" WHERE {_column(Lease, 'task')} IN (SELECT {_column(Task, 'id')} FROM moved)"
             f" AND {_column(Lease, 'token')} = %s)"
         )
+    # Each row only if the task moved: a refused compare-and-set inserts nothing (at most one row moves).
+    parts += [f"added{n} AS ({statement} FROM moved)" for n, (statement, _) in enumerate(inserts)]
     return f"WITH {', '.join(parts)} SELECT count(*) FROM moved"
 
 
@@ -293,6 +325,26 @@ def _answer_params(connection: BaseDatabaseWrapper, close: CancelAnswers) -> lis
         own, close.own_resolution, close.other_resolution,
         resolved_at, CancelRequest.Status.PENDING,
     ]  # fmt: skip
+
+
+def _insert_statement(
+    connection: BaseDatabaseWrapper, model: type[models.Model]
+) -> tuple[str, list[models.Field[Any, Any]]]:
+    """``INSERT INTO <model's table> (<every column but a generated id>) SELECT %s, …`` (without its
+    ``FROM``), and the fields whose values fill the placeholders: as ``insert`` writes a row."""
+    fields = [f for f in model._meta.concrete_fields if not (f.primary_key and f.db_returning)]
+    columns = ", ".join(_quoted(connection, f) for f in fields)
+    placeholders = ", ".join(["%s"] * len(fields))
+    return (
+        f"INSERT INTO {connection.ops.quote_name(model._meta.db_table)} ({columns}) SELECT {placeholders}",
+        fields,
+    )
+
+
+def _insert_params(
+    connection: BaseDatabaseWrapper, obj: models.Model, fields: Sequence[models.Field[Any, Any]]
+) -> list[Any]:
+    return [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
 
 
 def insert(obj: models.Model) -> None:
@@ -307,6 +359,6 @@ def insert(obj: models.Model) -> None:
         table = connection.ops.quote_name(model._meta.db_table)
         prepared[key] = (f"INSERT INTO {table} ({columns}) VALUES ({placeholders})", fields)
     sql, fields = prepared[key]
-    params = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+    params = _insert_params(connection, obj, fields)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

@@ -3,7 +3,10 @@
 ``task_start`` inserts a task at version 1; ``advance`` moves it along one edge
 of ``tasks.states.TRANSITIONS``. Each is one durable transaction holding the
 task row change, its checkpoint, its audit event and its ledger (outbox) rows:
-either all of them commit or none does.
+either all of them commit or none does. On PostgreSQL a commit with nothing of
+its caller's to run inside it is one statement (the rows ride on the
+compare-and-set, ``tasks.hotpath.compare_and_set(inserts=…)``), sent on its own
+without ``BEGIN``/``COMMIT``: one round trip.
 
 What runs besides the kernel's own code, and when, is named at the call site
 or declared in ``tasks.hooks``; nothing is connected invisibly:
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -416,6 +420,25 @@ def task_start(
 
 
 @dataclass(frozen=True)
+class Append:
+    """A write for ``advance(also=…)`` that only inserts one append-only row, whose id nobody reads
+    (a model turn's usage), and what to run once it is committed (a counter).
+
+    Run as any ``also`` write, it saves the row inside the transition's transaction; on PostgreSQL
+    a transition whose ``also`` writes are all ``Append`` folds their rows into its one statement
+    instead, inserted only if the compare-and-set moved the task.
+    """
+
+    row: models.Model
+    committed: Callable[[], None] | None = None
+
+    def __call__(self) -> None:
+        self.row.save(force_insert=True)
+        if self.committed is not None:
+            transaction.on_commit(self.committed)
+
+
+@dataclass(frozen=True)
 class Advanced:
     """What ``advance_read`` committed: the task at its new version, and the checkpoint row it wrote."""
 
@@ -527,11 +550,29 @@ def _advance(
     if actions and progress is None:
         raise ValueError("an intent commits with a checkpoint: its pending_actions bind the effect digest")
     to_state = State(to_state)
+    records, also = tuple(records), tuple(also)
+    # Writes that only insert a row can ride on the one statement (``single``); any other runs after it.
+    appends = tuple(write for write in also if isinstance(write, Append))
+    if len(appends) < len(also):
+        appends = ()
     # Attributes are set once committed, and only when the span is recorded: with no tracer
     # configured this costs next to nothing.
     with tracer.start_as_current_span("task.transition") as span:
         trace_id, traceparent = _trace_ids()
-        with transaction.atomic(durable=True):
+        # On PostgreSQL a commit with nothing of the caller's to run inside it is usually one
+        # statement (``single`` below): then no transaction is opened around it (autocommit makes the
+        # statement its own), and the task is read, if it must be, before any. The compare-and-set
+        # proves the row unchanged since that read, as it does inside a transaction (READ COMMITTED).
+        # A commit that turns out to need more opens its transaction after the read.
+        bare = (
+            hotpath.folds()
+            and not records
+            and len(appends) == len(also)
+            and not transaction.get_connection().in_atomic_block
+        )
+        with ExitStack() as scope:
+            if not bare:
+                scope.enter_context(transaction.atomic(durable=True))
             task = current if current is not None else hotpath.load_task(task_id)
             if task is None:
                 raise TaskNotFound(f"task {task_id} does not exist")
@@ -593,15 +634,37 @@ def _advance(
             fence = (lease.token, lease.worker_id) if lease is not None else None
             written = WRITTEN if changes.keys() & OWNERSHIP else ROUTINE_WRITTEN
             ended = to_state in TERMINAL and from_state not in TERMINAL
-            records, also = tuple(records), tuple(also)
+            left_cancel = from_state == State.CANCEL_REQUESTED and to_state != from_state
             folds = hotpath.folds()
             # An end answers the open cancel requests in its own statement, unless the caller's writes
             # (run after the compare-and-set) answer some of them themselves, or add one.
-            close = _end_answers(task, now) if ended and folds and not (also or records) else None
+            close = (
+                _end_answers(task, now)
+                if ended and folds and not records and len(appends) == len(also)
+                else None
+            )
             released = release and fence is not None and folds
+            anchor = audit_paths.anchor_request(task, edge.trigger, rows)
+            # The whole commit as one statement: the history rows ride on the compare-and-set
+            # (inserted only if it moved the row). Not when the caller's writes run after it, nor
+            # when the commit locks a parent or answers a cancel request another way.
+            single = (
+                folds
+                and not records
+                and len(appends) == len(also)
+                and not (ended and task.parent_id is not None)
+                and (not left_cancel or ended)
+            )
+            history: list[models.Model] = []
+            if single:
+                history = [event, *([checkpoint] if checkpoint is not None else []), *rows]
+                history += [anchor] if anchor is not None else []
+                history += [append.row for append in appends]
+            elif bare:
+                scope.enter_context(transaction.atomic(durable=True))
             updated = hotpath.compare_and_set(
                 task, expected_version=expected_version, from_state=from_state, fields=written, lease=fence,
-                epoch=epoch, close=close, release=released,
+                epoch=epoch, close=close, release=released, inserts=history,
             )  # fmt: skip
             if not updated:
                 found = (
@@ -616,11 +679,16 @@ def _advance(
                 if lease is not None and found["state_version"] == expected_version:
                     raise LeaseLost(f"lease #{lease.token} on task {task.pk} is no longer held", **now_at)
                 raise StaleVersion(f"task moved on from version {expected_version}", **now_at)
-            _write_history(event, checkpoint, rows, records)
-            audit_paths.ring_after(task, edge.trigger, rows)  # an anchor soon after a consequential commit
-            for write in also:
-                write()
-            left_cancel = from_state == State.CANCEL_REQUESTED and to_state != from_state
+            if single:
+                for append in appends:  # their rows are in; what follows their commit waits for it
+                    if append.committed is not None:
+                        transaction.on_commit(append.committed)  # at once when bare: committed
+            else:
+                _write_history(event, checkpoint, rows, records)
+                if anchor is not None:  # an anchor soon after a consequential commit
+                    anchor.save(force_insert=True)
+                for write in also:
+                    write()
             if close is None and (ended or left_cancel):
                 # After ``also``: a request the decision itself answered is answered as it says.
                 _close_cancel_requests(task, now, ended=ended)
