@@ -7,6 +7,8 @@ operate. Writes go through ``runtime.bulk`` only.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
@@ -15,7 +17,7 @@ from django import forms
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.db import OperationalError, connection, transaction
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import BooleanField, Exists, Expression, F, OuterRef, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -25,7 +27,7 @@ from console.forms import ConsoleForm
 from console.paging import Keyset, keyset_page
 from reads import queue, visibility
 from runtime import bulk, controls
-from runtime.models import BulkOperation, BulkResult, Outcome
+from runtime.models import BulkOperation, BulkResult, BulkSnapshot, Outcome
 from tasks.models import Task
 from tenancy.models import Role
 from tenancy.selectors import tenant_ids_for
@@ -180,13 +182,29 @@ def preview(request: HttpRequest) -> HttpResponse:
     return render(request, "console/bulk_preview.html", context, status=400 if error else 200)
 
 
+def touched_tenants(operation_id: UUID) -> set[int]:
+    """The tenants the operation covers: its snapshot's until a worker writes its results (one statement
+    that deletes the snapshot as it writes them), then its results'. The snapshot is read first: read the
+    other way round, a worker writing the results in between would leave neither."""
+    waiting = BulkSnapshot.objects.filter(operation_id=operation_id).values_list("tenant_ids", flat=True)
+    tenant_ids = waiting.first()
+    if tenant_ids is not None:
+        return {int(tenant_id) for tenant_id in tenant_ids}
+    return set(
+        BulkResult.objects.filter(operation_id=operation_id)
+        .order_by()
+        .values_list("tenant_id", flat=True)
+        .distinct()
+    )
+
+
 def _operation_for(user: Any, operation_id: UUID) -> BulkOperation:
     """The operation if ``user`` started it, or may read every tenant it touched; else 404."""
     operation = BulkOperation.objects.filter(pk=operation_id).first()
     if operation is None:
         raise Http404("No such bulk operation")
     if operation.created_by_id != user.pk:
-        touched = set(operation.results.values_list("tenant_id", flat=True).distinct())
+        touched = touched_tenants(operation.pk)
         if not touched or not touched <= set(tenant_ids_for(user, AUDIT_ROLES)):
             raise Http404("No such bulk operation")
     return operation
@@ -210,18 +228,52 @@ def report(request: HttpRequest, operation_id: UUID) -> HttpResponse:
     return render(request, "console/bulk_report.html", context)
 
 
+class _Within(Expression):
+    """Whether a JSON array of tenant ids (``source``) is non-empty and holds only ids of ``allowed``."""
+
+    output_field = BooleanField()
+
+    def __init__(self, source: Any, allowed: set[int]) -> None:
+        super().__init__()
+        self.source = source
+        self.allowed = sorted(int(tenant_id) for tenant_id in allowed)
+
+    def get_source_expressions(self) -> list[Any]:
+        return [self.source]
+
+    def set_source_expressions(self, exprs: Sequence[Any]) -> None:
+        (self.source,) = exprs
+
+    def as_sql(self, compiler: Any, connection: Any) -> tuple[str, tuple[Any, ...]]:
+        column, params = compiler.compile(self.source)
+        if connection.vendor == "postgresql":
+            sql = f"(jsonb_array_length({column}) > 0 AND {column} <@ %s::jsonb)"
+            return sql, (*params, *params, json.dumps(self.allowed))
+        listed = ", ".join(["%s"] * len(self.allowed)) or "NULL"
+        return (
+            f"(json_array_length({column}) > 0 AND NOT EXISTS "
+            f"(SELECT 1 FROM json_each({column}) AS held WHERE held.value NOT IN ({listed})))",
+            (*params, *params, *self.allowed),
+        )
+
+
 def visible_operations(user: Any) -> QuerySet[BulkOperation]:
     """The operations whose report ``user`` may open (the rule of ``_operation_for``, as one query).
 
-    Their own, or one whose every touched tenant is a tenant where they hold an audit role.
+    Their own, or one whose every touched tenant is a tenant where they hold an audit role: the tenants of
+    its results, or of its snapshot while no worker has written them (one statement reads both: a worker
+    writing the results deletes the snapshot in the same commit, so it sees one or the other).
     """
     mine = Q(created_by_id=user.pk)
-    audit_tenants = tenant_ids_for(user, AUDIT_ROLES)
+    audit_tenants = set(tenant_ids_for(user, AUDIT_ROLES))
     if not audit_tenants:
         return BulkOperation.objects.filter(mine)
     results = BulkResult.objects.filter(operation=OuterRef("pk"))
     readable = Exists(results) & ~Exists(results.exclude(tenant_id__in=audit_tenants))
-    return BulkOperation.objects.filter(mine | readable)
+    waiting = Exists(
+        BulkSnapshot.objects.filter(operation=OuterRef("pk")).filter(_Within(F("tenant_ids"), audit_tenants))
+    )
+    return BulkOperation.objects.filter(mine | readable | waiting)
 
 
 @login_required

@@ -132,7 +132,8 @@ def bulk_create(
 
 def _snapshot(operation: BulkOperation, tasks: QuerySet[Task], *, limit: int) -> int:
     """Each task of ``tasks`` (at most ``limit``) at its current version, as ``operation``'s one snapshot
-    row, aggregated by the database from the selection's own query. Returns how many."""
+    row, aggregated by the database from the selection's own query, with the distinct tenants they
+    belong to (who may read the operation before its results exist). Returns how many."""
     chosen = tasks.order_by("id").values("id", "tenant_id", "state_version")[:limit]
     sql, params = chosen.query.sql_with_params()
     table = BulkSnapshot._meta.db_table
@@ -141,13 +142,15 @@ def _snapshot(operation: BulkOperation, tasks: QuerySet[Task], *, limit: int) ->
             "COALESCE(jsonb_agg(jsonb_build_array(chosen.id, chosen.tenant_id, chosen.state_version) "
             "ORDER BY chosen.id), '[]'::jsonb)"
         )
+        tenants = "COALESCE(jsonb_agg(DISTINCT chosen.tenant_id), '[]'::jsonb)"
         length = "jsonb_array_length(body)"
     else:  # SQLite (the embedded demo): the subquery's order is the aggregate's
         body = "json_group_array(json_array(chosen.id, chosen.tenant_id, chosen.state_version))"
+        tenants = "json_group_array(DISTINCT chosen.tenant_id)"
         length = "json_array_length(body)"
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {table} (operation_id, body) SELECT %s, {body} "  # noqa: S608 - no input in the names
+            f"INSERT INTO {table} (operation_id, body, tenant_ids) SELECT %s, {body}, {tenants} "  # noqa: S608 - no input in the names
             f"FROM ({sql}) chosen RETURNING {length}",
             [_key(operation.pk), *params],
         )

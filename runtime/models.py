@@ -103,12 +103,17 @@ class BulkSnapshot(models.Model):
     where one result row per task (and its index entries) cost the request seconds per 50,000 tasks.
     The runner needs no filter of the queue to write the results: the selection was resolved at
     confirmation.
+
+    ``tenant_ids`` is the distinct tenants of ``body`` (``[tenant id, …]``), written by the same
+    statement: until the results are written, it is what says who may read the operation besides its
+    creator (``console.bulk``), without reading ``body``.
     """
 
     operation = models.OneToOneField(
         BulkOperation, primary_key=True, on_delete=models.CASCADE, related_name="snapshot"
     )
     body = models.JSONField()
+    tenant_ids = models.JSONField(default=list)
 
     def __str__(self) -> str:
         return f"snapshot of {self.operation_id}"

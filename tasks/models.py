@@ -16,6 +16,9 @@ from tasks.states import ENDED_UNDONE, RUNNABLE, WAITING, State
 
 # The task's optional references, indexed only where set (``Task.Meta.indexes``; migration 0016).
 REFERENCES = ("owner", "api_token", "parent", "rerun_of", "compensates")
+# The states the alerts scan finds overdue by their age alone (``runtime.alerts``), indexed by age where a
+# task is in one of them (``task_alert_overdue``; migration 0017).
+ALERT_OVERDUE_STATES = frozenset({State.QUARANTINED, State.CANCEL_REQUESTED, State.OUTCOME_UNKNOWN})
 
 
 class Task(models.Model):
@@ -154,6 +157,14 @@ class Task(models.Model):
                 fields=["region", "state_entered_at"],
                 condition=Q(state__in=sorted(RUNNABLE)),
                 name="task_runnable",
+            ),
+            # The alerts scan's overdue states (``runtime.alerts``: quarantined, cancel requested, outcome
+            # unknown) by age: only the tasks in those states have an entry, so the scan never reads the
+            # ended ones (a state change rewrites these columns anyway: no entry for a step commit).
+            models.Index(
+                fields=["state", "state_entered_at"],
+                condition=Q(state__in=sorted(ALERT_OVERDUE_STATES)),
+                name="task_alert_overdue",
             ),
             # Sweeps: waits past their deadline.
             models.Index(
