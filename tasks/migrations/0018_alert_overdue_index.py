@@ -41,7 +41,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("tasks", "0016_reference_indexes"),
+        ("tasks", "0017_task_search"),
     ]
 
     operations = [
