@@ -15,7 +15,12 @@ What it proves is that a newcomer's deployment from ``deploy/`` works as written
 5. SIGTERM to every process: each must exit by itself within 45 s (workers drain).
 
 Prints one line per check and exits 1 on the first failure, with the failing process's log tail.
-Usage: python scripts/prod_check.py [--keep-database]
+Usage: python scripts/prod_check.py [--keep-database] [--from-template]
+
+``--from-template`` (the test suite's run, ``tests/packaging/test_prod_check.py``): the database starts as
+a copy of the migrated template (``scripts/migrated_template.py``, which the suite builds anyway) rather
+than empty; ``migrate`` still runs as documented and finds nothing to apply. ``make prod-check`` migrates
+an empty database, as a newcomer does.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
+import migrated_template  # scripts/, beside this file
 import psycopg
 from cryptography.fernet import Fernet
 from cryptography.hazmat.primitives import serialization
@@ -145,10 +151,14 @@ def with_dbname(url: str, name: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep-database", action="store_true")
+    parser.add_argument("--from-template", action="store_true", help="start from the migrated template")
     args = parser.parse_args(argv)
     dbname = f"prodcheck_{os.getpid()}"
-    with psycopg.connect(SERVER_URL, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+    if args.from_template:
+        migrated_template.create(SERVER_URL, dbname)
+    else:
+        with psycopg.connect(SERVER_URL, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
     port, sandbox_port = free_port(), free_port()
     logs = Path(tempfile.mkdtemp(prefix="prodcheck-"))
     processes: dict[str, subprocess.Popen[bytes]] = {}
