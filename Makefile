@@ -82,10 +82,11 @@ failover: install-dev
 # High availability on real servers (marker cluster, out of make test; under 15 minutes): a pg_auto_failover
 # monitor, primary and synchronous secondary on loopback (tests/cluster/autofailover.py), the API and workers
 # on a multi-host DATABASE_URL, the primary killed mid-run; a three-node RabbitMQ cluster with the region
-# queue's leader killed mid-run (tests/cluster/rabbitmq.py). Installs Debian's pg_auto_failover, PgBouncer
-# and RabbitMQ.
+# queue's leader killed mid-run (tests/cluster/rabbitmq.py); worker hosts cut off (the partition tests).
+# Installs Debian's pg_auto_failover, PgBouncer and RabbitMQ, and iproute2 and iptables.
 cluster-test: install-dev
 	scripts/ensure-cluster-packages
+	scripts/ensure-partition-packages
 	DATABASE_URL=$(TEST_DATABASE_URL) $(BIN)/pytest -n 0 -m cluster tests/cluster $(PYTEST_ARGS)
 
 # The worker tests behind a real PgBouncer in transaction mode (tests/cluster/pgbouncer.py, one per run on a
