@@ -144,7 +144,8 @@ class Alert(models.Model):
     """
 
     id = models.BigAutoField(primary_key=True)  # raised by INSERT … SELECT: ids come from the database
-    tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.PROTECT, related_name="+")
+    # No index of its own: ``alert_tenant_id`` leads with the tenant (PROTECT's check reads it).
+    tenant = models.ForeignKey("tenancy.Tenant", on_delete=models.PROTECT, related_name="+", db_index=False)
     task = models.ForeignKey(
         "tasks.Task", null=True, blank=True, on_delete=models.CASCADE, related_name="alerts"
     )
@@ -154,8 +155,15 @@ class Alert(models.Model):
     cleared_at = models.DateTimeField(null=True, blank=True)
     state_version = models.PositiveIntegerField(null=True, blank=True)  # the task's, when raised
     # The first acknowledgement; every later one is an AlertNote too.
+    # Unindexed: nothing reads alerts by who acknowledged them, and the index cost every raised alert a
+    # write; deleting a user (rare) scans the table to clear the reference.
     acknowledged_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_index=False,
     )
     acknowledged_by_name = models.CharField(max_length=150, blank=True, default="")  # outlives the account
     acknowledged_at = models.DateTimeField(null=True, blank=True)
