@@ -13,6 +13,7 @@ import platform
 import secrets
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -72,8 +73,9 @@ def _raise_on_termination(signum: int, _frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def recreate_database(server_url: str, dbname: str, *, create: bool) -> None:
-    """Create ``dbname`` afresh (``create``), or drop it at the end of the run (``create=False``).
+def recreate_database(server_url: str, dbname: str, *, create: bool, template: str | None = None) -> None:
+    """Create ``dbname`` afresh (``create``; a copy of ``template`` when given), or drop it at the end of
+    the run (``create=False``).
 
     Creating: an idle database of that name (a run that was SIGKILLed, or one kept with
     ``--keep-database``) is dropped first, but without ``FORCE``: PostgreSQL refuses to drop a
@@ -100,11 +102,33 @@ def recreate_database(server_url: str, dbname: str, *, create: bool) -> None:
                 "leave --database unset (each run gets its own) or name another one"
             ) from None
         if create:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+            if template is None:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(dbname)))
+            else:
+                conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                    sql.Identifier(dbname), sql.Identifier(template)))  # fmt: skip
             _CREATED.add(key)
     if create and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, _raise_on_termination)
         signal.signal(signal.SIGHUP, _raise_on_termination)
+
+
+# PostgreSQL cuts longer names to this many bytes (with a NOTICE only): a derived name could then
+# silently be another database's.
+MAX_DATABASE_NAME = 63
+
+
+def copy_database(server_url: str, source: str, target: str) -> float:
+    """``target`` created as a copy of ``source`` (``CREATE DATABASE target TEMPLATE source``: rows,
+    indexes and statistics, block by block, without replaying any statement), dropped at the end like a
+    database the run created (``drop_unless_kept``). ``source`` must be idle meanwhile (PostgreSQL
+    refuses a template any session uses): close this process's connections to it first. Returns the
+    seconds the copy took."""
+    if len(target.encode()) > MAX_DATABASE_NAME:
+        raise ValueError(f"database name {target!r} is over {MAX_DATABASE_NAME} bytes: name a shorter one")
+    started = time.perf_counter()
+    recreate_database(server_url, target, create=True, template=source)
+    return time.perf_counter() - started
 
 
 def drop_unless_kept(server_url: str, dbname: str, keep: bool) -> None:

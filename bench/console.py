@@ -15,11 +15,21 @@ What it measures
                          and the CSV export's first ``--export-rows`` rows, as an auditor of one tenant
                          and of both; the long task's audit history
 
-    first with ``--small`` (10,000) bulk tasks, then, in the same database, with ``--tasks``
-    (1,000,000; ``--large`` is the same flag), spread over two tenants (runs of 13 alternate), beside
-    the approvals' tasks. It prints each median, the large/small ratio, the queries and the rows each
-    page rendered at both sizes, and whether the goals hold: every page at most 1.5x from small to
-    large, and a median of at most 150 ms at the large size (a row over either is marked).
+    at two sizes side by side: ``--small`` (10,000) bulk tasks in one database and ``--tasks``
+    (1,000,000; ``--large`` is the same flag) in another, spread over two tenants (runs of 13
+    alternate), beside the approvals' tasks. Both databases are served at once, each by its own
+    gunicorn, and each page's requests alternate between them (round by round, small then large, then
+    large then small), so a change in the machine's load weighs on both sizes alike: the two figures of
+    a page are measured seconds apart, not minutes. It prints each median, the large/small ratio, the
+    queries and the rows each page rendered at both sizes, and whether the goals hold: every page at
+    most 1.5x from small to large, and a median of at most 150 ms at the large size (a row over either
+    is marked). ``--small`` equal to ``--tasks`` compares two copies of one database: the ratios then
+    show the noise alone.
+
+    Everything but the bulk tasks beyond ``--small`` is seeded once: the personas, their sessions, the
+    long task, the approvals and the first ``--small`` bulk tasks go into the large database, which is
+    then copied (``CREATE DATABASE ... TEMPLATE``) into the small one, ``<database>_small``; the rest of
+    the bulk tasks go into the large one only. Both hold the same ids, users and sessions.
 
     The bulk tasks (every state, ~1 in 200 quarantined, types, ages, some escalated, each with two
     events — its start and the step into its state, one in a hundred by a person — and a checkpoint)
@@ -31,10 +41,11 @@ How to run
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres .venv/bin/python bench/console.py
     .venv/bin/python bench/console.py --tasks 100000 --history 1000   # a lighter run
 
-    DATABASE_URL names the *server*; the script creates its own database
-    (``--database``, default ``bench_console_<pid>_<hex>``), copied from the migrated template, and
-    drops it at the end (``--keep-database`` leaves it for ``EXPLAIN``). A million tasks take minutes to seed
-    and the machine's load is printed before and after: read the figures with it.
+    DATABASE_URL names the *server*; the script creates its own databases (``--database``, default
+    ``bench_console_<pid>_<hex>``, the large one, copied from the migrated template, and
+    ``<database>_small``) and drops both at the end (``--keep-database`` leaves them for ``EXPLAIN``).
+    A million tasks take minutes to seed and the machine's load is printed before and after: read the
+    figures with it.
 """
 
 from __future__ import annotations
@@ -61,9 +72,11 @@ sys.path.insert(0, str(ROOT))  # `python bench/console.py` puts bench/ first, no
 from bench.common import (  # noqa: E402
     BENCH_ENV,
     DEFAULT_SERVER_URL,
+    MAX_DATABASE_NAME,
     SERVER_START_TIMEOUT,
     add_database_arguments,
     add_smoke_argument,
+    copy_database,
     drop_unless_kept,
     recreate_database,
     settle,
@@ -182,18 +195,21 @@ def _die_with_parent() -> None:
 
 
 class Server:
-    """gunicorn serving the app on loopback with DEBUG off (one process, two threads), its log in a file."""
+    """gunicorn serving the app on loopback with DEBUG off (one process, two threads), its log in a file.
+    Started, then ``wait``ed for, so that two start side by side."""
 
     def __init__(self, url: str, log_path: Path) -> None:
-        import httpx
-
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.base = f"http://127.0.0.1:{self.port}"
+        # Each server its own cache (CACHE_URL in the environment would be shared): the two databases
+        # hold the same tenant ids, so a shared cache would serve one size's figures to the other.
         env = {**BENCH_ENV, **os.environ, "DATABASE_URL": url, "DEBUG": "0", "SECURE_SSL_REDIRECT": "0",
-               "DJANGO_SETTINGS_MODULE": "config.settings", "CELERY_BROKER_URL": "memory://"}  # fmt: skip
+               "DJANGO_SETTINGS_MODULE": "config.settings", "CELERY_BROKER_URL": "memory://",
+               "CACHE_URL": "locmemcache://"}  # fmt: skip
         self.log_path = log_path
+        self.deadline = time.monotonic() + SERVER_START_TIMEOUT
         with log_path.open("w") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "gunicorn", "config.wsgi:application",
@@ -202,16 +218,20 @@ class Server:
                  "--keep-alive", "60", "--timeout", "300"],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
             )  # fmt: skip
-        deadline = time.monotonic() + SERVER_START_TIMEOUT
-        while time.monotonic() < deadline:
+
+    def wait(self) -> None:
+        """Until the server answers (``SERVER_START_TIMEOUT`` from its start)."""
+        import httpx
+
+        while time.monotonic() < self.deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited: {log_path.read_text(errors='replace')[-3000:]}")
+                log = self.log_path.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"the server exited: {log}")
             try:
                 httpx.get(f"{self.base}/healthz", timeout=1)
                 return
             except httpx.HTTPError:
                 time.sleep(0.2)
-        self.stop()
         raise RuntimeError(f"the server did not answer within {SERVER_START_TIMEOUT:g} s")
 
     def stop(self) -> None:
@@ -224,20 +244,28 @@ class Server:
                 self.process.wait()
 
 
-class Persona:
-    """One signed-in user: an HTTP client for the timings (the session cookie sent as a header: with DEBUG
-    off it is marked Secure, which a client keeps off plain HTTP) and the test client for query counts."""
+SIDES = ("small", "large")
 
-    def __init__(self, label: str, user: Any, base: str) -> None:
+
+class Persona:
+    """One signed-in user: an HTTP client per size for the timings (the session cookie sent as a header:
+    with DEBUG off it is marked Secure, which a client keeps off plain HTTP; both databases hold the
+    session) and the test client for query counts."""
+
+    def __init__(self, label: str, user: Any) -> None:
+        self.label = label
+        self.client = signed_in_client(user)
+        self.http: dict[str, Any] = {}
+
+    def connect(self, bases: dict[str, str]) -> None:
         import httpx
         from django.conf import settings
 
-        self.label = label
-        self.client = signed_in_client(user)
         cookie = self.client.cookies[settings.SESSION_COOKIE_NAME].value
-        self.http = httpx.Client(
-            base_url=base, headers={"Cookie": f"{settings.SESSION_COOKIE_NAME}={cookie}"}, timeout=300
-        )
+        for side, base in bases.items():
+            self.http[side] = httpx.Client(
+                base_url=base, headers={"Cookie": f"{settings.SESSION_COOKIE_NAME}={cookie}"}, timeout=300
+            )
 
 
 @dataclass(frozen=True)
@@ -248,19 +276,21 @@ class Read:
     stream_rows: int = 0  # an export: time to its first ``stream_rows`` lines
 
 
-def _timed(read: Read) -> tuple[float, int | None]:
-    """One request over HTTP: milliseconds and the rows it rendered (None for a stream)."""
+def _timed(read: Read, side: str) -> tuple[float, int | None]:
+    """One request over HTTP to the ``side`` ("small" or "large") server: milliseconds and the rows it
+    rendered (None for a stream)."""
+    http = read.persona.http[side]
     started = time.perf_counter()
     if read.stream_rows:
         seen = 0
-        with read.persona.http.stream("GET", read.path, params=read.params) as response:
+        with http.stream("GET", read.path, params=read.params) as response:
             assert response.status_code == 200, response.status_code
             for chunk in response.iter_bytes():
                 seen += chunk.count(b"\n")
                 if seen >= read.stream_rows:
                     break
         return (time.perf_counter() - started) * 1000, None
-    response = read.persona.http.get(read.path, params=read.params)
+    response = http.get(read.path, params=read.params)
     took = (time.perf_counter() - started) * 1000
     assert response.status_code == 200, (read.path, read.params, response.status_code, response.text[-2000:])
     return took, response.content.count(b"<tr")
@@ -280,20 +310,44 @@ def _queries(read: Read) -> int:
     return len(queries)
 
 
-def _measure(read: Read, *, warmup: int, repeat: int) -> tuple[float, int, int | None]:
-    for _ in range(warmup):
-        _timed(read)
-    timings = [_timed(read) for _ in range(repeat)]
-    return statistics.median(took for took, _ in timings), _queries(read), timings[-1][1]
+@dataclass(frozen=True)
+class Pair:
+    """One page at both sizes: median milliseconds and the rows rendered by each, the queries (counted
+    at the large size)."""
+
+    small: float
+    large: float
+    queries: int
+    rows_small: int | None
+    rows_large: int | None
+
+
+def _rounds(count: int) -> list[tuple[str, str]]:
+    """The order of each round's two requests: small then large, then large then small, and so on, so
+    that neither size is always the one measured right after the other."""
+    return [SIDES if turn % 2 == 0 else SIDES[::-1] for turn in range(count)]
+
+
+def _measure_pair(read: Read, *, warmup: int, repeat: int) -> Pair:
+    """``warmup`` then ``repeat`` rounds, each one request to either server (``_rounds``, alternating
+    through both: the warm-up's first)."""
+    timings: dict[str, list[tuple[float, int | None]]] = {side: [] for side in SIDES}
+    for turn, sides in enumerate(_rounds(warmup + repeat)):
+        for side in sides:
+            took = _timed(read, side)
+            if turn >= warmup:
+                timings[side].append(took)
+    small, large = (statistics.median(took for took, _ in timings[side]) for side in SIDES)
+    return Pair(small, large, _queries(read), timings["small"][-1][1], timings["large"][-1][1])
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--small", type=int, default=10_000, help="bulk tasks in the first measurement")
+    parser.add_argument("--small", type=int, default=10_000, help="bulk tasks in the small database")
     parser.add_argument(
-        "--tasks", "--large", dest="large", type=int, default=1_000_000, help="bulk tasks in the second"
+        "--tasks", "--large", dest="large", type=int, default=1_000_000, help="bulk tasks in the large one"
     )
     parser.add_argument("--approvals", type=int, default=10_000, help="pending approval requests")
     parser.add_argument("--history", type=int, default=10_000, help="events of the measured task page")
@@ -302,7 +356,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2)
     add_database_arguments(parser, "bench_console")
     add_smoke_argument(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.large < args.small:
+        parser.error("--tasks (the large size) must be at least --small")
+    if len(f"{args.database}_small".encode()) > MAX_DATABASE_NAME:
+        parser.error(f"--database: at most {MAX_DATABASE_NAME - 6} bytes (the small copy adds _small)")
+    return args
 
 
 def _reads(people: dict[str, Persona], long: Any, request: Any, export_rows: int) -> dict[str, Read]:
@@ -347,12 +406,15 @@ def _reads(people: dict[str, Persona], long: Any, request: Any, export_rows: int
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     server_url = os.environ.get("DATABASE_URL") or DEFAULT_SERVER_URL
-    url = with_dbname(server_url, args.database)
+    small_database = f"{args.database}_small"
+    url, small_url = with_dbname(server_url, args.database), with_dbname(server_url, small_database)
     recreate_database(server_url, args.database, create=True)
-    server: Server | None = None
+    servers: list[Server] = []
+    copied = False
     try:
         setup_client_benchmark(url, server_url, args.database, fresh_migrate=args.fresh_migrate)
         from django.contrib.auth import get_user_model
+        from django.db import connections
 
         from bench.approvals import _bulk_requests, _real_request
         from tenancy.models import Role, Tenant
@@ -381,55 +443,74 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"setup       task with {args.history:,} events and {args.approvals:,} pending approvals "
               f"in {time.perf_counter() - started:.1f} s")  # fmt: skip
         base = long.__class__.objects.count()  # the approvals' tasks and the long one, beside the bulk ones
-
-        server = Server(url, Path(tempfile.gettempdir()) / f"{args.database}-gunicorn.log")
-        people = {key: Persona(label, accounts[key], server.base) for key, (label, _, _) in grants.items()}
+        # Signed in before the copy, so both databases hold the sessions.
+        people = {key: Persona(label, accounts[key]) for key, (label, _, _) in grants.items()}
         reads = _reads(people, long, real, args.export_rows)
+
+        # Bulk tasks in every state are seeded *beside* the approvals' tasks, so each filter has full
+        # pages at both sizes: comparing an empty page with a full one would measure nothing.
+        def seed(low: int, high: int) -> None:
+            if high < low:
+                return
+            took = bulk_tasks(url, tenants=[first.pk, second.pk], owner=operator.pk, first=low, last=high)
+            added = high - low + 1
+            print(f"seeded      {added:,} tasks (+ 2 events, checkpoint each) by SQL in {took:.1f} s "
+                  f"({added / max(took, 1e-9):,.0f} tasks/s); {high + base:,} in two tenants")  # fmt: skip
+
+        seed(1, args.small)
+        connections.close_all()  # the copy's template must be idle
+        took = copy_database(server_url, args.database, small_database)
+        copied = True
+        print(f"copied      {args.database} into {small_database} (CREATE DATABASE ... TEMPLATE) in "
+              f"{took:.1f} s: {args.small + base:,} tasks")  # fmt: skip
+        seed(args.small + 1, args.large)  # into the large database only
+        for each in (small_url, url):
+            settle(each, smoke=args.smoke)
+
+        started = time.perf_counter()
+        servers = [
+            Server(each, Path(tempfile.gettempdir()) / f"{name}-gunicorn.log")
+            for each, name in ((small_url, small_database), (url, args.database))
+        ]
+        for server in servers:
+            server.wait()
+        for person in people.values():
+            person.connect({side: server.base for side, server in zip(SIDES, servers, strict=True)})
+        print(f"servers     2 gunicorns started side by side in {time.perf_counter() - started:.1f} s, "
+              f"one per database")  # fmt: skip
         load = os.getloadavg()
         print(f"load        {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {args.repeat} timed requests per read "
-              f"over HTTP (gunicorn, DEBUG off)")  # fmt: skip
-        results: dict[int, dict[str, tuple[float, int, int | None]]] = {}
-        seeded = 0
-        for size in (args.small, args.large):
-            # Bulk tasks in every state are seeded *beside* the approvals' tasks, so each filter has
-            # full pages at both sizes: comparing an empty page with a full one would measure nothing.
-            took = bulk_tasks(
-                url, tenants=[first.pk, second.pk], owner=operator.pk, first=seeded + 1, last=size
-            )
-            added = max(size - seeded, 0)
-            print(f"seeded      {added:,} tasks (+ 2 events, checkpoint each) by SQL in {took:.1f} s "
-                  f"({added / max(took, 1e-9):,.0f} tasks/s); {size + base:,} in two tenants")  # fmt: skip
-            seeded = max(size, seeded)
-            settle(url, smoke=args.smoke)
-            results[size] = {
-                name: _measure(read, warmup=args.warmup, repeat=args.repeat) for name, read in reads.items()
-            }
+              f"and size over HTTP (gunicorn, DEBUG off)")  # fmt: skip
+        print(f"paired      each page's requests alternate between the {args.small:,}-task and the "
+              f"{args.large:,}-task server, {args.warmup} + {args.repeat} rounds (small, large; then large, "
+              f"small)")  # fmt: skip
+        results = {
+            name: _measure_pair(read, warmup=args.warmup, repeat=args.repeat) for name, read in reads.items()
+        }
         load = os.getloadavg()
         print(f"load        {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end")
         worst, slowest = 0.0, 0.0
         print(f"\n| page (persona) | {args.small:,} tasks | {args.large:,} tasks | ratio | queries | rows |")
         print("|---|---|---|---|---|---|")
-        for name in reads:
-            (small, _, rows_small), (large, queries, rows_large) = (
-                results[args.small][name],
-                results[args.large][name],
-            )
-            ratio = large / small
-            worst, slowest = max(worst, ratio), max(slowest, large)
-            rows = "stream" if rows_large is None else f"{rows_small} / {rows_large}"
-            flag = "" if ratio <= RATIO_GOAL and large <= MEDIAN_GOAL_MS else " **over**"
-            print(f"| {name} | {small:.1f} ms | {large:.1f} ms | {ratio:.2f}x{flag} | {queries} | {rows} |")
+        for name, pair in results.items():
+            ratio = pair.large / pair.small
+            worst, slowest = max(worst, ratio), max(slowest, pair.large)
+            rows = "stream" if pair.rows_large is None else f"{pair.rows_small} / {pair.rows_large}"
+            flag = "" if ratio <= RATIO_GOAL and pair.large <= MEDIAN_GOAL_MS else " **over**"
+            print(f"| {name} | {pair.small:.1f} ms | {pair.large:.1f} ms | {ratio:.2f}x{flag} "
+                  f"| {pair.queries} | {rows} |")  # fmt: skip
         verdict = "met" if worst <= RATIO_GOAL else "NOT met"
         print(f"\nworst ratio {worst:.2f}x (goal <= {RATIO_GOAL}x): {verdict}")
         print(f"slowest median at {args.large:,}: {slowest:.1f} ms (goal <= {MEDIAN_GOAL_MS:.0f} ms): "
               f"{'met' if slowest <= MEDIAN_GOAL_MS else 'NOT met'}")  # fmt: skip
         return 0
     finally:
-        from django.db import connections
-
-        if server is not None:
+        for server in servers:
             server.stop()
-        connections.close_all()
+        if "django.db" in sys.modules:
+            sys.modules["django.db"].connections.close_all()
+        if copied:
+            drop_unless_kept(server_url, small_database, args.keep_database)
         drop_unless_kept(server_url, args.database, args.keep_database)
 
 

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 
+import psycopg
 import pytest
 
 from bench.common import with_dbname
@@ -113,17 +114,32 @@ def test_the_approvals_benchmark_runs_at_two_sizes():
     assert "worst ratio" in out
 
 
-@pytest.mark.timeout(300)  # a gunicorn and ~50 pages twice, each also through the test client for its queries
-def test_the_console_benchmark_runs_at_two_sizes_for_every_persona_over_http():
+@pytest.mark.timeout(
+    300
+)  # two gunicorns and ~50 pages twice, each also through the test client for its queries
+def test_the_console_benchmark_pairs_two_sizes_for_every_persona_over_http():
     out = run_bench(
         "console.py",
         *("--small", "200", "--tasks", "400", "--approvals", "20", "--history", "30"),
-        *("--repeat", "1", "--warmup", "0", "--export-rows", "20"),
+        *("--repeat", "1", "--warmup", "0", "--export-rows", "20", "--smoke"),
         saves=False,
         timeout=290,
     )
     assert "worst ratio" in out and "| audit export (auditor, 2 tenants) |" in out
     assert "| queue sort age (operator, 2 tenants) |" in out
+    # Paired: the large database seeded to the small size is copied into the small one, both are
+    # served at once, and each page's requests alternate between them.
+    database = f"smoke_console_{os.environ.get('PYTEST_XDIST_WORKER', 'solo')}"
+    assert f"copied      {database} into {database}_small (CREATE DATABASE ... TEMPLATE)" in out, out[-3000:]
+    assert "servers     2 gunicorns started side by side" in out
+    assert "paired      each page's requests alternate between the 200-task and the 400-task server" in out
+    # Each server reads its own database: a filtered page shows more rows at the large size.
+    rows = re.search(r"\| queue state \(operator, 1 tenant\) \|.*\| (\d+) / (\d+) \|", out)
+    assert rows and int(rows[1]) < int(rows[2]), out[-3000:]
+    # Both databases are dropped at the end.
+    with psycopg.connect(server_url(), autocommit=True) as conn:
+        left = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", [f"{database}%"])
+        assert left.fetchall() == []
 
 
 @pytest.mark.timeout(420)  # two servers and a worker start before the first task: minutes on a busy machine
