@@ -1,9 +1,10 @@
 """The console at scale, for every persona: one-tenant and two-tenant operators and auditors, an approver.
 
 What it measures
-    Wall time over real HTTP (a gunicorn on loopback, DEBUG off; median of ``--repeat`` requests after
-    ``--warmup``) of each console page, as each persona who reads it, and its SQL queries (counted once
-    in this process through Django's test client, the same code):
+    Wall time over real HTTP (a gunicorn per size on loopback, DEBUG off; median of ``--repeat``
+    requests after ``--warmup``, in paired rounds: below) of each console page, as each persona who
+    reads it, and its SQL queries (counted once, at the large size, in this process through Django's
+    test client, the same code):
 
     queue ...            GET /console/ newest first, each common filter, ``?q=`` (text and id),
                          ``?sort=age``, ``?state=completed&sort=age``, ``?tenant=`` naming a tenant the
