@@ -1,7 +1,8 @@
 """The resume loop a worker runs for one task.
 
 1. Claim the task's lease (or give up: someone else holds it).
-2. Load the task and its checkpoint (an unreadable checkpoint quarantines it).
+2. Load the task and its checkpoint (an unreadable checkpoint quarantines it);
+   on PostgreSQL the claim returned both, with the event vouching for the checkpoint.
 3. Decide the next transition from the checkpoint (``runtime.engine``).
 4. Commit it at the version it was decided from, fenced by the lease
    (``advance_read``: the row is not read again, the compare-and-set proves
