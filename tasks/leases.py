@@ -365,8 +365,8 @@ def _run_claim(
         task: Task = tasks.load(raw[:tenant_at])
         Task.tenant.field.set_cached_value(task, tenants.load(raw[tenant_at:stored_at]))
         snapshot, token, owner, beat, expiry, cancel_open, takeover, now = raw[rest:]
-        # The task at another version in the statement's snapshot than the row it locked (committed
-        # while the claim waited for the lock): the checkpoint read may not be that version's newest.
+        # The task at another version in the statement's snapshot than the row it locked (a commit
+        # between the statement's start and its lock): the checkpoint read may not be that version's newest.
         read = stored.load(raw[stored_at:rest], snapshot) if snapshot == task.state_version else None
         previous = _Previous(owner, beat, expiry) if owner else None  # what the lease was before
         rows.append((task, token, previous, bool(cancel_open), bool(takeover), now, read))
@@ -422,8 +422,8 @@ def _build_claim_sql(
     With each candidate it returns what its first step reads next: its tenant's row (``tn``), its
     newest checkpoint and the event vouching for it (``hotpath.StoredRead``: ``k`` and ``e``), and
     the task's version in the statement's snapshot, which those were read in. The row ``candidates``
-    locked is the newest version of it, which may be newer than the snapshot (committed while the
-    claim waited for the lock): ``_run_claim`` keeps the checkpoint only when the two versions agree.
+    locked is the newest version of it, which may be newer than the snapshot (committed between the
+    statement's start and its lock): ``_run_claim`` keeps the checkpoint only when the versions agree.
     """
     q = connection.ops.quote_name
 
