@@ -1,7 +1,8 @@
 """The resume loop a worker runs for one task.
 
 1. Claim the task's lease (or give up: someone else holds it).
-2. Load the task and its checkpoint (an unreadable checkpoint quarantines it).
+2. Load the task and its checkpoint (an unreadable checkpoint quarantines it);
+   on PostgreSQL the claim returned both, with the event vouching for the checkpoint.
 3. Decide the next transition from the checkpoint (``runtime.engine``).
 4. Commit it at the version it was decided from, fenced by the lease
    (``advance_read``: the row is not read again, the compare-and-set proves
@@ -158,9 +159,10 @@ def _run_task(
     signal = heartbeats.hold(lease) if heartbeats is not None else None
     signaled = llm.cancel_signal.set(signal.interrupt if signal is not None else None)
     point: services.ResumePoint | None = None
-    # The task's row as the one-statement claim read it, under its row lock: the first step need not
-    # read it again (a change since fails that step's compare-and-set, as any change during a step does).
-    claimed = lease.task
+    # The task's row as the one-statement claim read it, under its row lock, and its newest checkpoint
+    # with the event vouching for it: the first step need not read them again (a change since fails
+    # that step's compare-and-set, as any change during a step does).
+    claimed, stored = lease.task, lease.stored
     released = False
     try:
         for _ in range(MAX_STEPS):
@@ -173,8 +175,10 @@ def _run_task(
             elif not leases.heartbeat(lease, ttl=ttl):
                 return "lease_lost"
             if point is None:
-                point = services.task_resume_point(task_id, actor=actor, lease=lease, task=claimed)
-                claimed = None  # read afresh whenever the point is dropped again
+                point = services.task_resume_point(
+                    task_id, actor=actor, lease=lease, task=claimed, stored=stored
+                )
+                claimed = stored = None  # read afresh whenever the point is dropped again
             if point.newer:
                 # A newer deployment wrote it (logged, counted): untouched, and the lease given back at
                 # once for that deployment's workers. The claim's schema filter keeps ours off it.

@@ -26,7 +26,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import ForeignObjectRel, QuerySet
 from django.db.models.sql.compiler import SQLCompiler
 
-from tasks.models import CancelRequest, CancelScope, Lease, Task
+from audit.models import TransitionEvent
+from tasks.models import CancelRequest, CancelScope, Checkpoint, Lease, Task
 
 _cache: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
@@ -164,6 +165,123 @@ def load(key: str, build: Callable[[UUID], QuerySet[Any]], task_id: UUID | str) 
     for name, extra in zip(query.annotations, row[len(query.names) :], strict=True):
         setattr(instance, name, extra)
     return instance
+
+
+class Columns:
+    """A model's columns as a hand-written statement selects them: named once (``select``), and a
+    row's slice of them turned back into an instance as the ORM would (``load``: every value through
+    its field's converters). ``defer``: columns left out (the instance has them deferred)."""
+
+    def __init__(
+        self, model: type[models.Model], connection: BaseDatabaseWrapper, *, defer: Sequence[str] = ()
+    ) -> None:
+        queryset = model._default_manager.defer(*defer) if defer else model._default_manager.all()
+        compiler = queryset.query.get_compiler(connection=connection)
+        compiler.setup_query()
+        selected = [column for column, _, _ in compiler.select]
+        self.model, self.compiler = model, compiler
+        self.fields: list[models.Field[Any, Any]] = [column.target for column in selected]
+        self.converters = compiler.get_converters(selected)
+        self.names = [field.attname for field in self.fields]
+        self.width = len(self.fields)
+        self._quoted = [_quoted(connection, field) for field in self.fields]
+        self._pk = self.names.index(model._meta.pk.attname)
+
+    def select(self, alias: str) -> str:
+        """The select list, every column qualified by ``alias``."""
+        return ", ".join(f"{alias}.{column}" for column in self._quoted)
+
+    def load(self, values: Sequence[Any]) -> Any:
+        """The instance ``values`` (this model's slice of a row) are; None when its key is NULL (an
+        outer join that found nothing)."""
+        if values[self._pk] is None:
+            return None
+        if self.converters:
+            values = next(self.compiler.apply_converters([values], self.converters))
+        return self.model.from_db(_connection().alias, self.names, values)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A task's newest checkpoint (None: it has none) and the audit event that vouches for it (None:
+    none recorded it), read together in one statement; what ``tasks.services.latest_checkpoint``
+    verifies and decodes. ``version``: the task's ``state_version`` in the snapshot they were read in
+    (a claim's), None when read on their own: they are the newest for that version only."""
+
+    checkpoint: Checkpoint | None
+    event: TransitionEvent | None
+    version: int | None = None
+
+    @property
+    def recorded_digest(self) -> str | None:
+        """The digest the vouching event recorded of the checkpoint (as ``decode_stored`` takes it)."""
+        return None if self.event is None else self.event.checkpoint_digest
+
+    def current_for(self, task: Task) -> bool:
+        """Whether these are still the newest for ``task`` as it is now: read at its version."""
+        return self.version is not None and self.version == task.state_version
+
+
+class StoredRead:
+    """The SQL that reads a task's newest checkpoint (alias ``k``) with its vouching event (alias
+    ``e``: the event of the same task and version, at most one), joinable into another statement
+    (``joined``, PostgreSQL: the claim's) or run on its own (``newest_checkpoint``)."""
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        self.checkpoint, self.event = Columns(Checkpoint, connection), Columns(TransitionEvent, connection)
+        self.width = self.checkpoint.width + self.event.width
+        q = connection.ops.quote_name
+        self._checkpoints, self._events = q(Checkpoint._meta.db_table), q(TransitionEvent._meta.db_table)
+        self._task, self._version = _column(Checkpoint, "task"), _column(Checkpoint, "state_version")
+        self._vouches = (
+            f"e.{_column(TransitionEvent, 'task')} = k.{self._task}"
+            f" AND e.{_column(TransitionEvent, 'state_version')} = k.{self._version}"
+        )
+
+    def select(self) -> str:
+        return f"{self.checkpoint.select('k')}, {self.event.select('e')}"
+
+    def joined(self, task_id: str) -> str:
+        """``LEFT JOIN``s adding ``k`` and ``e`` for the task whose id is the SQL ``task_id``."""
+        newest = (
+            f"SELECT {self.checkpoint.select('n')} FROM {self._checkpoints} n"
+            f" WHERE n.{self._task} = {task_id} ORDER BY n.{self._version} DESC LIMIT 1"
+        )
+        return f"LEFT JOIN LATERAL ({newest}) k ON TRUE LEFT JOIN {self._events} e ON {self._vouches}"
+
+    def alone(self) -> str:
+        """The read on its own, for the task id given as its one parameter (any backend)."""
+        return (
+            f"SELECT {self.select()} FROM {self._checkpoints} k LEFT JOIN {self._events} e ON {self._vouches}"
+            f" WHERE k.{self._task} = %s ORDER BY k.{self._version} DESC LIMIT 1"
+        )
+
+    def load(self, values: Sequence[Any], version: int | None = None) -> Stored:
+        """``Stored`` from this read's slice of a row."""
+        split = self.checkpoint.width
+        return Stored(self.checkpoint.load(values[:split]), self.event.load(values[split:]), version)
+
+
+def stored_read() -> StoredRead:
+    """This connection's ``StoredRead`` (built once per connection)."""
+    prepared = _prepared()
+    found: StoredRead | None = prepared.get("stored")
+    if found is None:
+        found = prepared["stored"] = StoredRead(_connection())
+    return found
+
+
+def newest_checkpoint(task_id: UUID | str) -> Stored:
+    """The task's newest checkpoint and the event that vouches for it: one statement, one round trip."""
+    read, connection = stored_read(), _connection()
+    prepared = _prepared()
+    sql: str | None = prepared.get("stored_alone")
+    if sql is None:
+        sql = prepared["stored_alone"] = read.alone()
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [_task_value(task_id, connection)])
+        row = cursor.fetchone()
+    return Stored(None, None) if row is None else read.load(row)
 
 
 def load_task(task_id: UUID | str) -> Task | None:

@@ -40,9 +40,10 @@ from opentelemetry import trace
 from audit.chain import GENESIS, takeover_hash
 from audit.keys import current_chain_key
 from audit.models import LeaseTakeover
-from tasks import checkpoints, liveness, metrics
+from tasks import checkpoints, hotpath, liveness, metrics
 from tasks.models import CancelRequest, Lease, Task
 from tasks.states import RUNNABLE
+from tenancy.models import Tenant
 
 DEFAULT_TTL = timedelta(seconds=30)
 tracer = trace.get_tracer(__name__)
@@ -61,10 +62,13 @@ class Held:
     epoch: int = 1
     region: str = field(default="", compare=False)  # the region it was claimed in, for refusals to name
     # Read by the one-statement claim (PostgreSQL) under the claim's row lock, so the runner need not
-    # read them again: the task row as claimed, and whether a cancel request of it was open then.
-    # None: not read (the claim by id, the ORM claim, a takeover).
+    # read them again: the task row as claimed (its tenant with it), whether a cancel request of it was
+    # open then, and its newest checkpoint with the event vouching for it (``stored``: None when the
+    # claim's snapshot had the task at another version than the row it locked, so they might not be the
+    # newest). None: not read (the ORM claim, a takeover).
     task: Task | None = field(default=None, compare=False, repr=False)
     cancel_open: bool | None = field(default=None, compare=False)
+    stored: hotpath.Stored | None = field(default=None, compare=False, repr=False)
 
 
 def _holder_alive() -> Q:
@@ -307,9 +311,11 @@ def _claim_statement(
     held: list[Held] = []
     taken: list[_Previous] = []
     takeovers: list[UUID] = []
-    for task, token, previous, cancel_open, takeover, _ in rows:
+    for task, token, previous, cancel_open, takeover, _, stored in rows:
         if token is not None:
-            held.append(Held(task.id, worker_id, token, task.ownership_epoch, region, task, cancel_open))
+            held.append(
+                Held(task.id, worker_id, token, task.ownership_epoch, region, task, cancel_open, stored)
+            )
             if previous is not None:
                 taken.append(previous)
         elif takeover:
@@ -327,15 +333,16 @@ def _claim_statement(
     return held
 
 
-# The task as claimed, its new token (None: not taken), what its lease was before if moved, whether a
-# cancel request is open, whether it waits for a takeover, and the statement's time.
-_ClaimRow = tuple[Task, int | None, _Previous | None, bool, bool, datetime]
+# The task as claimed (its tenant cached on it), its new token (None: not taken), what its lease was
+# before if moved, whether a cancel request is open, whether it waits for a takeover, the statement's
+# time, and the task's newest checkpoint with its vouching event if still the newest at that version.
+_ClaimRow = tuple[Task, int | None, _Previous | None, bool, bool, datetime, hotpath.Stored | None]
 
 
 def _run_claim(
     worker_id: str, region: str, limit: int, ttl: timedelta, task_id: UUID | None
 ) -> list[_ClaimRow]:
-    sql, compiler, converters, names = _claim_statement_for(liveness.supported(), by_id=task_id is not None)
+    sql, tasks, tenants, stored = _claim_statement_for(liveness.supported(), by_id=task_id is not None)
     params: dict[str, Any] = {
         "states": sorted(RUNNABLE),
         "region": region,
@@ -350,41 +357,50 @@ def _run_claim(
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         found = cursor.fetchall()
-    width = len(names)
     rows: list[_ClaimRow] = []
+    tenant_at = tasks.width
+    stored_at = tenant_at + tenants.width
+    rest = stored_at + stored.width
     for raw in found:
-        values = next(compiler.apply_converters([raw[:width]], converters)) if converters else raw[:width]
-        task = Task.from_db(connection.alias, names, values)
-        token, previous_worker, previous_beat, previous_expiry, cancel_open, takeover, now = raw[width:]
-        previous = _Previous(previous_worker, previous_beat, previous_expiry) if previous_worker else None
-        rows.append((task, token, previous, bool(cancel_open), bool(takeover), now))
+        task: Task = tasks.load(raw[:tenant_at])
+        Task.tenant.field.set_cached_value(task, tenants.load(raw[tenant_at:stored_at]))
+        snapshot, token, owner, beat, expiry, cancel_open, takeover, now = raw[rest:]
+        # The task at another version in the statement's snapshot than the row it locked (a commit
+        # between the statement's start and its lock): the checkpoint read may not be that version's newest.
+        read = stored.load(raw[stored_at:rest], snapshot) if snapshot == task.state_version else None
+        previous = _Previous(owner, beat, expiry) if owner else None  # what the lease was before
+        rows.append((task, token, previous, bool(cancel_open), bool(takeover), now, read))
     return rows
 
 
-_statements: dict[tuple[str, bool, bool], tuple[str, Any, Any, list[str]]] = {}
+_Statement = tuple[str, hotpath.Columns, hotpath.Columns, hotpath.StoredRead]
+_statements: dict[tuple[str, bool, bool], _Statement] = {}
 
 
-def _claim_statement_for(gone_check: bool, *, by_id: bool) -> tuple[str, Any, Any, list[str]]:
+def _claim_statement_for(gone_check: bool, *, by_id: bool) -> _Statement:
     """The claim statement (built once per process and variant from the models' metadata) with what
-    turns its task columns into a ``Task`` as the ORM would (compiler, converters, attribute names)."""
+    turns its columns into instances as the ORM would: the task's, its tenant's, and its newest
+    checkpoint's and vouching event's (``hotpath.StoredRead``)."""
     key = (connection.vendor, gone_check, by_id)
     if key not in _statements:
         # Not the takeover head: an ordinary claim neither reads nor writes the takeover chain (a
         # ``Task`` built from these columns has it deferred).
-        compiler = Task.objects.defer("takeover_head").query.get_compiler(connection=connection)
-        compiler.setup_query()
-        fields = [column.target for column, _, _ in compiler.select]
-        converters = compiler.get_converters([column for column, _, _ in compiler.select])
-        _statements[key] = (
-            _build_claim_sql(fields, gone_check=gone_check, by_id=by_id),
-            compiler,
-            converters,
-            [field.attname for field in fields],
-        )
+        tasks = hotpath.Columns(Task, connection, defer=["takeover_head"])
+        tenants = hotpath.Columns(Tenant, connection)
+        stored = hotpath.StoredRead(connection)
+        sql = _build_claim_sql(tasks, tenants, stored, gone_check=gone_check, by_id=by_id)
+        _statements[key] = (sql, tasks, tenants, stored)
     return _statements[key]
 
 
-def _build_claim_sql(fields: list[Any], *, gone_check: bool, by_id: bool) -> str:
+def _build_claim_sql(
+    tasks: hotpath.Columns,
+    tenants: hotpath.Columns,
+    stored: hotpath.StoredRead,
+    *,
+    gone_check: bool,
+    by_id: bool,
+) -> str:
     """The one-statement claim, in SQL. Its parts, each a CTE:
 
     ``candidates``  the oldest runnable tasks of the region (or the one asked for) without a live
@@ -402,6 +418,12 @@ def _build_claim_sql(fields: list[Any], *, gone_check: bool, by_id: bool) -> str
     its holder's liveness lock is gone (``gone_check``: ``tasks.liveness``); never a live lease of a
     live holder. A candidate left untaken because its lease lapsed in another worker's hands comes
     back with ``takeover`` set (``_claim_statement`` takes those with their takeover records).
+
+    With each candidate it returns what its first step reads next: its tenant's row (``tn``), its
+    newest checkpoint and the event vouching for it (``hotpath.StoredRead``: ``k`` and ``e``), and
+    the task's version in the statement's snapshot, which those were read in. The row ``candidates``
+    locked is the newest version of it, which may be newer than the snapshot (committed between the
+    statement's start and its lock): ``_run_claim`` keeps the checkpoint only when the versions agree.
     """
     q = connection.ops.quote_name
 
@@ -416,12 +438,12 @@ def _build_claim_sql(fields: list[Any], *, gone_check: bool, by_id: bool) -> str
     now = "STATEMENT_TIMESTAMP()"
     alive = f"(l.{holder} IS NULL OR l.{holder} IN ({liveness.HELD_KEYS_SQL}))" if gone_check else "TRUE"
     free = f"(l.{expires} <= {now} OR NOT {alive})"
-    columns = ", ".join(f"t.{q(field.column)}" for field in fields)
-    returned = ", ".join(f"c.{q(field.column)}" for field in fields)
+    tenant, tenant_id = q(Tenant._meta.db_table), col(Task, "tenant")
+    version = col(Task, "state_version")
     which = f"t.{t_id} = %(task)s" if by_id else "TRUE"
     return f"""
 WITH candidates AS MATERIALIZED (
-    SELECT {columns} FROM {task} t
+    SELECT {tasks.select("t")} FROM {task} t
     WHERE {which} AND t.{col(Task, "state")} = ANY(%(states)s) AND t.{col(Task, "region")} = %(region)s
       AND t.{col(Task, "checkpoint_schema")} <= %(schema)s
       AND NOT EXISTS (
@@ -446,7 +468,9 @@ WITH candidates AS MATERIALIZED (
     ON CONFLICT ({l_task}) DO NOTHING
     RETURNING {l_task}, {token}
 )
-SELECT {returned}, COALESCE(m.{token}, f.{token}), p.{owner}, p.{beat}, p.{expires},
+SELECT {tasks.select("c")}, {tenants.select("tn")}, {stored.select()},
+    (SELECT s.{version} FROM {task} s WHERE s.{t_id} = c.{t_id}),
+    COALESCE(m.{token}, f.{token}), p.{owner}, p.{beat}, p.{expires},
     EXISTS (SELECT 1 FROM {cancels} r
             WHERE r.{col(CancelRequest, "task")} = c.{t_id} AND r.{status} = %(pending)s),
     m.{l_task} IS NULL AND f.{l_task} IS NULL AND EXISTS (
@@ -457,6 +481,8 @@ FROM candidates c
 LEFT JOIN moved m ON m.{l_task} = c.{t_id}
 LEFT JOIN fresh f ON f.{l_task} = c.{t_id}
 LEFT JOIN previous p ON p.{l_task} = c.{t_id}
+LEFT JOIN {tenant} tn ON tn.{col(Tenant, "id")} = c.{tenant_id}
+{stored.joined(f"c.{t_id}")}
 ORDER BY c.{col(Task, "state_entered_at")}
 """
 

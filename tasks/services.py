@@ -342,26 +342,36 @@ def _latest_checkpoint_row(task_id: UUID) -> QuerySet[Checkpoint]:
     )
 
 
-def latest_checkpoint(task: Task, *, vouched: bool = False) -> checkpoints.Checkpoint:
+def latest_checkpoint(
+    task: Task, *, vouched: bool = False, stored: hotpath.Stored | None = None
+) -> checkpoints.Checkpoint:
     """Verify, decode (and migrate) the task's newest checkpoint.
 
     The row comes with the digest its audit event recorded (one query), and
     ``checkpoints.decode_stored`` refuses a body that is not what that
     transition wrote. ``vouched`` (what a worker resumes from): also that the
-    event recording it is a keyed link (``audit.chain.link_problem``; one more
-    read), since the app role may insert checkpoints and events but cannot key
-    them. Raises ``CheckpointUnreadable`` — including reason
-    ``checkpoint_missing`` when the task has none.
+    event recording it is a keyed link (``audit.chain.link_problem``), since the
+    app role may insert checkpoints and events but cannot key them; the row and
+    its whole event are then read together (``hotpath.newest_checkpoint``, one
+    query), or not at all when ``stored`` (a claim's read of them) is still the
+    newest at the task's version (``Stored.current_for``). Raises
+    ``CheckpointUnreadable`` — including reason ``checkpoint_missing`` when the
+    task has none.
     """
-    row = hotpath.load("latest_checkpoint", _latest_checkpoint_row, task.pk)
-    if row is None:
+    if not vouched:
+        row = hotpath.load("latest_checkpoint", _latest_checkpoint_row, task.pk)
+        if row is None:
+            raise checkpoints.CheckpointUnreadable("checkpoint_missing", "task has no checkpoint")
+        return checkpoints.decode_stored(row, recorded_digest=row.recorded_digest)
+    if stored is None or not stored.current_for(task):
+        stored = hotpath.newest_checkpoint(task.pk)
+    if stored.checkpoint is None:
         raise checkpoints.CheckpointUnreadable("checkpoint_missing", "task has no checkpoint")
-    if vouched and row.recorded_digest:
-        event = TransitionEvent.objects.filter(task_id=task.pk, state_version=row.state_version).first()
-        problem = event and link_problem(event, chain_keys(), keyed_since)
+    if stored.recorded_digest:
+        problem = stored.event and link_problem(stored.event, chain_keys(), keyed_since)
         if problem:
             raise checkpoints.CheckpointUnreadable(checkpoints.CheckpointUnreadable.DIGEST_MISMATCH, problem)
-    return checkpoints.decode_stored(row, recorded_digest=row.recorded_digest)
+    return checkpoints.decode_stored(stored.checkpoint, recorded_digest=stored.recorded_digest)
 
 
 @dataclass(frozen=True)
@@ -377,10 +387,15 @@ class ResumePoint:
 
 
 def task_resume_point(
-    task_id: UUID | str, *, actor: Actor, lease: Held | None = None, task: Task | None = None
+    task_id: UUID | str,
+    *,
+    actor: Actor,
+    lease: Held | None = None,
+    task: Task | None = None,
+    stored: hotpath.Stored | None = None,
 ) -> ResumePoint:
     """Load a task (unless ``task``, its row as a claim just read it) and the checkpoint it would resume
-    from.
+    from (not read again if ``stored``, the claim's read of it, is still the newest at the task's version).
 
     A checkpoint the running code cannot use (corrupt, unmigratable, missing,
     undecryptable, tampered) quarantines the task with that machine-readable
@@ -392,15 +407,12 @@ def task_resume_point(
     is left untouched — no transition — and the point says ``newer``; the caller
     lets go of it (a worker releases its lease).
     """
-    task = (
-        task
-        if task is not None and task.pk == Task._meta.pk.to_python(task_id)
-        else hotpath.load_task(task_id)
-    )
+    if task is None or task.pk != Task._meta.pk.to_python(task_id):
+        task, stored = hotpath.load_task(task_id), None
     if task is None:
         raise Task.DoesNotExist(f"task {task_id} does not exist")
     try:
-        return ResumePoint(task, latest_checkpoint(task, vouched=True))
+        return ResumePoint(task, latest_checkpoint(task, vouched=True, stored=stored))
     except checkpoints.CheckpointUnreadable as exc:
         if task.state == State.QUARANTINED:
             return ResumePoint(task, None)

@@ -17,6 +17,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from audit.chain import HASHED_FIELDS, OPTIONAL_HASHED_FIELDS, event_hash
 from audit.models import TransitionEvent
@@ -69,6 +70,33 @@ def test_every_checkpoint_carries_the_digest_of_its_body_and_its_event_records_i
     event = TransitionEvent.objects.get(task=task, state_version=2)
     assert row.digest == hashlib.sha256(row.body.encode()).hexdigest() == event.checkpoint_digest
     assert services.latest_checkpoint(task).facts == {"amount": "12.34"}
+
+
+def test_the_vouched_read_of_the_newest_checkpoint_is_one_round_trip(acme):
+    """What a worker resumes from: the newest checkpoint and the whole event vouching for it (its keyed
+    link checked), read together in one statement."""
+    task = stepped(acme, amount="12.34")
+    task = advance(task.id, 2, State.READY, actor=Actor.worker("w1"), progress=progress("ship", amount="1"))
+    with CaptureQueriesContext(connection) as captured:
+        point = services.latest_checkpoint(task, vouched=True)
+    assert (point.step, point.facts, point.state_version) == ("ship", {"amount": "1"}, 3)
+    assert len(captured.captured_queries) == 1, [q["sql"] for q in captured.captured_queries]
+
+
+def test_a_vouched_read_refuses_an_event_not_written_with_the_chain_key(acme):
+    task = stepped(acme, amount="12.34")
+    with connection.cursor() as cursor:  # as the app role could insert it: no chain key, no keyed link
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        cursor.execute("ALTER TABLE audit_transitionevent DISABLE TRIGGER audit_transitionevent_append_only")
+        cursor.execute(
+            "UPDATE audit_transitionevent SET hash = %s WHERE task_id = %s AND state_version = 2",
+            ["f" * 64, task.id],
+        )
+        cursor.execute("ALTER TABLE audit_transitionevent ENABLE TRIGGER audit_transitionevent_append_only")
+    assert services.latest_checkpoint(task).facts == {"amount": "12.34"}  # its digest alone still matches
+    with pytest.raises(checkpoints.CheckpointUnreadable, match="without the chain key") as refused:
+        services.latest_checkpoint(task, vouched=True)
+    assert refused.value.reason == checkpoints.CheckpointUnreadable.DIGEST_MISMATCH
 
 
 def test_one_byte_of_a_body_changed_by_sql_quarantines_with_the_digest_reason(acme):

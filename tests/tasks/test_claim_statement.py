@@ -21,6 +21,7 @@ import psycopg
 import pytest
 from django.db import connection, connections
 from django.db.models import F
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -29,11 +30,12 @@ from psycopg import pq
 
 from audit.chain import GENESIS, takeover_hash
 from audit.keys import chain_keys
-from audit.models import LeaseTakeover
-from tasks import cancellation, leases, liveness
-from tasks.models import CancelScope, Lease, Task
-from tasks.transitions import Actor
-from tests.conftest import make_task
+from audit.models import LeaseTakeover, TransitionEvent
+from tasks import cancellation, checkpoints, hotpath, leases, liveness, services
+from tasks.models import CancelScope, Checkpoint, Lease, Task
+from tasks.states import State
+from tasks.transitions import Actor, advance
+from tests.conftest import make_task, progress
 from tests.workflow import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -146,6 +148,107 @@ def test_the_claim_returns_the_task_row_and_whether_a_cancel_request_is_open(acm
             fresh.state, fresh.state_version, fresh.ownership_epoch, fresh.input, fresh.objective,
         )  # fmt: skip
         assert row.tenant_id == fresh.tenant_id and row.deadline == fresh.deadline
+
+
+def test_the_claim_returns_the_newest_checkpoint_the_event_vouching_for_it_and_the_tenant(acme):
+    """What the first step reads next comes with the claim: resuming from it sends no statement."""
+    task = make_task(acme)
+    task = advance(task.id, 1, State.READY, actor=Actor.worker("w0"), progress=progress("pay", amount="3"))
+
+    (held,) = claim_next("w1")
+
+    assert held.stored is not None and held.task is not None
+    newest = Checkpoint.objects.get(task=task, state_version=2)
+    assert held.stored.version == held.task.state_version == 2
+    assert held.stored.checkpoint is not None and held.stored.event is not None
+    assert (held.stored.checkpoint.pk, held.stored.checkpoint.body) == (newest.pk, newest.body)
+    event = TransitionEvent.objects.get(task=task, state_version=2)
+    assert (held.stored.event.pk, held.stored.event.hash, held.stored.event.created_at) == (
+        event.pk, event.hash, event.created_at,
+    )  # fmt: skip
+    assert held.stored.recorded_digest == newest.digest != ""
+    with CaptureQueriesContext(connection) as captured:
+        point = services.task_resume_point(
+            task.id, actor=Actor.worker("w1"), lease=held, task=held.task, stored=held.stored
+        )
+        slug = point.task.tenant.slug
+    assert captured.captured_queries == []
+    assert slug == acme.slug
+    assert point.checkpoint is not None and (point.checkpoint.step, point.checkpoint.facts) == (
+        "pay", {"amount": "3"},
+    )  # fmt: skip
+    assert point.checkpoint == services.latest_checkpoint(task, vouched=True)
+
+
+def test_a_claimed_checkpoint_is_verified_as_one_read_afterwards_would_be(acme):
+    """The claim's read of a checkpoint changed behind the application's back is refused, as a read of
+    its own would refuse it: the task is quarantined, nothing resumes from it."""
+    task = make_task(acme)
+    task = advance(task.id, 1, State.READY, actor=Actor.worker("w0"), progress=progress("pay", amount="3"))
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE tasks_checkpoint DISABLE TRIGGER tasks_checkpoint_append_only")
+        cursor.execute(
+            "UPDATE tasks_checkpoint SET body = replace(body, '\"3\"', '\"9\"')"
+            " WHERE task_id = %s AND state_version = 2",
+            [task.id],
+        )
+        assert cursor.rowcount == 1
+        cursor.execute("ALTER TABLE tasks_checkpoint ENABLE TRIGGER tasks_checkpoint_append_only")
+
+    (held,) = claim_next("w1")
+    assert held.stored is not None and held.stored.checkpoint is not None
+    point = services.task_resume_point(
+        task.id, actor=Actor.worker("w1"), lease=held, task=held.task, stored=held.stored
+    )
+
+    assert point.quarantined
+    stored = Task.objects.get(pk=task.pk)
+    assert (stored.state, stored.state_reason) == (
+        State.QUARANTINED,
+        checkpoints.CheckpointUnreadable.DIGEST_MISMATCH,
+    )
+
+
+def test_a_claimed_checkpoint_is_used_only_at_the_version_it_was_read_at(acme, monkeypatch):
+    """The row the claim locks can be newer than its snapshot (a commit between the statement's start
+    and the lock): then the checkpoint it read may not be that version's newest, and is not kept. The
+    race itself is not timed here: the statement is made to see the task one version behind."""
+    task = make_task(acme)
+    task = advance(task.id, 1, State.READY, actor=Actor.worker("w0"), progress=progress("pay"))
+    built = leases._claim_statement_for
+
+    def behind(gone_check: bool, *, by_id: bool) -> Any:
+        sql, *rest = built(gone_check, by_id=by_id)
+        snapshot = '(SELECT s."state_version" FROM'
+        assert sql.count(snapshot) == 1
+        return (sql.replace(snapshot, '(SELECT s."state_version" - 1 FROM'), *rest)
+
+    monkeypatch.setattr(leases, "_claim_statement_for", behind)
+    (held,) = claim_next("w1")
+    assert held.task is not None and held.stored is None
+
+    # And a read kept from an older version is not used for the task as it is now: it is read again.
+    monkeypatch.undo()
+    leases.release(held)
+    (again,) = claim_next("w2")
+    assert again.stored is not None and again.stored.current_for(task)
+    moved = advance(task.id, 2, State.READY, actor=Actor.worker("w2"), progress=progress("ship"), lease=again)
+    assert not again.stored.current_for(moved)
+    with CaptureQueriesContext(connection) as captured:
+        point = services.latest_checkpoint(moved, vouched=True, stored=again.stored)
+    assert point.step == "ship" and len(captured.captured_queries) == 1
+
+
+def test_the_newest_checkpoint_read_on_its_own_is_one_statement_as_in_the_claim(acme):
+    task = make_task(acme)
+    task = advance(task.id, 1, State.READY, actor=Actor.worker("w0"), progress=progress("pay"))
+    (held,) = claim_next("w1")
+    alone = hotpath.newest_checkpoint(task.id)
+    assert held.stored is not None and alone.version is None
+    assert alone.checkpoint is not None and alone.event is not None
+    assert (alone.checkpoint.pk, alone.event.pk) == (held.stored.checkpoint.pk, held.stored.event.pk)
+    assert hotpath.newest_checkpoint(make_task(acme).id).checkpoint is not None  # the creation's
+    assert hotpath.newest_checkpoint(task.id.hex[::-1]) == hotpath.Stored(None, None)
 
 
 # --- The guarantees, both ways ------------------------------------------------------------------
