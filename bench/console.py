@@ -86,8 +86,9 @@ OPERATOR_ACTOR = "user:bench-operator"  # the second event's actor on one task i
 
 # One statement per table; %(first)s..%(last)s are the bulk tasks' numbers. Task ids are derived
 # from the number (md5), so events and checkpoints find their task without a join. Each task has two
-# events: its start (v1, -> ready) and the step that put it in its state (v2, ready -> its state), at
-# the task's updated_at and state_entered_at, as a transition writes them (reads.quarantine relies on it).
+# events: its start (v1, -> ready) and the step that put it in its state (v2, ready -> its state). That
+# step was its last transition, so updated_at = state_entered_at, as advance() writes them (the quarantine
+# triage reads a task's own reason code when they are equal: reads.quarantine).
 _STATE = f"""CASE WHEN n %% {QUARANTINE_EVERY} = 0 THEN 'quarantined'
     ELSE (%(states)s::text[])[1 + n %% %(nstates)s] END"""
 _TENANT = "(%(tenants)s::int[])[1 + (n / 13) %% 2]"  # runs of 13: every state in both
