@@ -100,7 +100,9 @@ OPERATOR_ACTOR = "user:bench-operator"  # the second event's actor on one task i
 
 # One statement per table; %(first)s..%(last)s are the bulk tasks' numbers. Task ids are derived
 # from the number (md5), so events and checkpoints find their task without a join. Each task has two
-# events: its start (v1, -> ready) and the step that put it in its state (v2, ready -> its state).
+# events: its start (v1, -> ready) and the step that put it in its state (v2, ready -> its state). That
+# step was its last transition, so updated_at = state_entered_at, as advance() writes them (the quarantine
+# triage reads a task's own reason code when they are equal: reads.quarantine).
 _STATE = f"""CASE WHEN n %% {QUARANTINE_EVERY} = 0 THEN 'quarantined'
     ELSE (%(states)s::text[])[1 + n %% %(nstates)s] END"""
 _TENANT = "(%(tenants)s::int[])[1 + (n / 13) %% 2]"  # runs of 13: every state in both
@@ -116,7 +118,7 @@ SELECT md5('bench' || n)::uuid, (%(types)s::text[])[1 + n %% 3], 'default', {_ST
     NULL, CASE WHEN {_STATE} LIKE 'waiting_%%'
         THEN now() + ((n %% 97) - 5) * interval '1 hour' END, 0, '2026-11', 'scripted', 'p@1', 't@1',
     CASE WHEN n %% 50 = 0 THEN 1 ELSE 0 END, CASE WHEN n %% 50 = 0 THEN 'operator' ELSE '' END, '', '',
-    {_AT}, now(), {_AT}, %(owner)s, {_TENANT}, NULL, NULL
+    {_AT}, {_AT}, {_AT}, %(owner)s, {_TENANT}, NULL, NULL
 FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS n
 """
 EVENTS_SQL = f"""

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypedDict
 from uuid import UUID
 
-from django.db.models import Count, F, Min, OuterRef, Q, QuerySet, Subquery
+from django.db.models import Case, Count, F, Min, OuterRef, Q, QuerySet, Subquery, When
 from django.db.models.functions import Coalesce
 
 from audit.models import TransitionEvent
@@ -40,9 +40,23 @@ def _quarantine_entry() -> QuerySet[TransitionEvent]:
     )
 
 
-def quarantine_code() -> Coalesce:
+def _entered_last() -> Q:
+    """The task's last transition is the one that put it in its state: no self-loop since.
+
+    Every transition sets ``updated_at`` (and ``state_reason``) to its own time (and code), and one that
+    changes the state sets ``state_entered_at`` too; nothing else writes them. So a quarantined task
+    whose two times are equal has the reason code of the event that quarantined it, and the event need
+    not be read: at a million tasks that is some 5,000 index probes and heap rows fewer per query.
+    """
+    return Q(updated_at=F("state_entered_at"))
+
+
+def quarantine_code() -> Case:
     """Why the task was quarantined; a history gone with retention falls back to the task's own reason."""
-    return Coalesce(Subquery(_quarantine_entry().values("reason_code")[:1]), F("state_reason"))
+    return Case(
+        When(_entered_last(), then=F("state_reason")),
+        default=Coalesce(Subquery(_quarantine_entry().values("reason_code")[:1]), F("state_reason")),
+    )
 
 
 def _quarantined(tenant_ids: list[int]) -> QuerySet[WithAnnotations[Task, _Quarantine]]:

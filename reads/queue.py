@@ -211,26 +211,52 @@ def state_counts(tenant_ids: list[int], *, cap: int) -> dict[str, int]:
 def estimated_counts(tenant_ids: list[int], labels: Sequence[str]) -> dict[str, int]:
     """PostgreSQL's estimate of the tasks in each of ``labels`` (a state, or ``FINISHED``), for counts past
     the summary's cap: the planner's row estimate from the statistics autovacuum's ``ANALYZE`` keeps
-    (one ``EXPLAIN`` each, no task read). Nothing on another database or before the table was ever
-    analyzed: no statistics, no estimate."""
+    (one ``EXPLAIN`` of every label's query joined by ``UNION ALL``, each arm's estimate read off the
+    ``Append``; no task read). Nothing on another database or before the table was ever analyzed: no
+    statistics, no estimate."""
     if not labels or connection.vendor != "postgresql":
         return {}
+    arms = [
+        Task.objects.filter(
+            tenant_id__in=tenant_ids, state__in=sorted(TERMINAL) if label == FINISHED else [label]
+        )
+        .values("id")
+        .query.sql_with_params()
+        for label in labels
+    ]
     with connection.cursor() as cursor:
         cursor.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [Task._meta.db_table])
         row = cursor.fetchone()
         if row is None or row[0] < 0:
             return {}
-        found = {}
-        for label in labels:
-            states = sorted(TERMINAL) if label == FINISHED else [label]
-            sql, params = Task.objects.filter(
-                tenant_id__in=tenant_ids, state__in=states
-            ).query.sql_with_params()
-            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
-            plan = cursor.fetchone()[0]
-            plan = json.loads(plan) if isinstance(plan, str) else plan
-            found[label] = int(plan[0]["Plan"]["Plan Rows"])
-        return found
+        rows = _arms_rows(cursor, arms)
+        if rows is None:  # not one Append of the arms (a parallel plan's arms are per worker): one each
+            rows = [_plan(cursor, sql, params)["Plan Rows"] for sql, params in arms]
+        return {label: int(n) for label, n in zip(labels, rows, strict=True)}
+
+
+def _plan(cursor: Any, sql: str, params: Sequence[Any]) -> dict[str, Any]:
+    """The top node of ``EXPLAIN (FORMAT JSON)`` of ``sql``."""
+    cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+    plan = cursor.fetchone()[0]
+    top: dict[str, Any] = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    return top
+
+
+def _arms_rows(cursor: Any, arms: Sequence[tuple[str, Sequence[Any]]]) -> list[int] | None:
+    """The planner's row estimate of each of ``arms`` (SQL, params) from one ``EXPLAIN`` of them joined
+    by ``UNION ALL``; None unless that plan is the arms side by side under one ``Append``."""
+    top = _plan(
+        cursor,
+        " UNION ALL ".join(f"({sql})" for sql, _ in arms),
+        [param for _, params in arms for param in params],
+    )
+    if len(arms) == 1:
+        return [int(top["Plan Rows"])]
+    children = top.get("Plans", [])
+    if top["Node Type"] != "Append" or len(children) != len(arms):
+        return None
+    return [int(child["Plan Rows"]) for child in children]
 
 
 def queue_rows(tasks: QuerySet[Task]) -> QuerySet[Task]:

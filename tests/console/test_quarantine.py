@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from django.db.models import Count
 from django.test import Client
 
 from console import quarantine as quarantine_views
+from reads import quarantine
 from tasks.models import Task
 from tasks.states import State, Trigger
 from tasks.transitions import Actor, advance
@@ -203,3 +207,43 @@ def test_an_unreadable_checkpoint_is_shown_as_stored_on_the_task_page(operator, 
     page = client_for(operator).get(f"/console/tasks/{task.id}/").content.decode()
     assert "This checkpoint cannot be read" in page
     assert "schema 2 · codec" in page and "&quot;step&quot;: &lt;garbled&gt;" in page
+
+
+def _subplan_loops(plan: dict) -> int:
+    """How many times the plan's correlated subqueries (the quarantine entry lookups) ran."""
+    loops = plan.get("Actual Loops", 0) if plan.get("Parent Relationship") == "SubPlan" else 0
+    return loops + sum(_subplan_loops(child) for child in plan.get("Plans", []))
+
+
+def test_the_counts_read_the_quarantining_event_only_of_a_task_that_moved_since(acme):
+    """The reason code of a task whose last transition quarantined it is its own ``state_reason``: the
+    counts read no event for it. A task escalated while held (a self-loop since) still has its
+    quarantining event read, and counts under the reason it was held for."""
+    from django.db import connection
+
+    from reads.quarantine import _quarantined
+
+    for n in range(6):
+        quarantined(acme, "step_error" if n % 2 else "evidence_missing")
+    held = quarantined(acme, "resend_limit_reached")
+    advance(
+        held.id, 2, State.QUARANTINED, actor=Actor.system("tests"), trigger=Trigger.ESCALATE,
+        reason="please look", reason_code="escalate", escalation_level=1, escalated_to="admin",
+    )  # fmt: skip
+    gone = quarantined(acme, "checkpoint_corrupt")  # its history gone with retention: the task's reason
+    with connection.cursor() as cursor:  # as retention deletes history
+        cursor.execute("SET LOCAL audit.retention = on")
+        cursor.execute("DELETE FROM audit_transitionevent WHERE task_id = %s", [gone.id])
+        cursor.execute("SET LOCAL audit.retention = off")
+
+    counts = quarantine.quarantine_counts([acme.pk])
+    assert {row["code"]: row["n"] for row in counts} == {
+        "step_error": 3, "evidence_missing": 3, "resend_limit_reached": 1, "checkpoint_corrupt": 1,
+    }  # fmt: skip
+    rows = _quarantined([acme.pk]).values("quarantine_code").annotate(n=Count("id")).order_by()
+    sql, params = rows.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params)
+        plan = cursor.fetchone()[0]
+    plan = plan[0]["Plan"] if isinstance(plan, list) else json.loads(plan)[0]["Plan"]
+    assert _subplan_loops(plan) == 1  # the escalated task's, not one a task (8)
