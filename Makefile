@@ -22,11 +22,29 @@ LOCK_VENV ?= var/pip-tools
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
-install: $(BIN)/python  # the runtime only: make demo, make bench
-	$(PIP_INSTALL) -r $(RUNTIME_LOCK)
+# An install leaves a stamp in the venv named by a hash of what it installed from (pyproject.toml and the
+# lock): while those are unchanged the next install is a no-op, not pip checking every pin again (seconds
+# for each make target). A changed lock or pyproject names another stamp, and pip runs again; an install
+# first removes every stamp (what it changes may no longer match the other lock). The dev lock holds the
+# runtime pins (make locks), so its stamp stands for the runtime install too. After a pip install or
+# uninstall by hand, `rm $(VENV)/.installed-*` makes the next make install again.
+PYPROJECT ?= pyproject.toml
+stamp_hash = $(shell cat $(PYPROJECT) $(1) | sha256sum | cut -c1-16)
+RUNTIME_STAMP := $(VENV)/.installed-runtime-$(call stamp_hash,$(RUNTIME_LOCK))
+DEV_STAMP := $(VENV)/.installed-dev-$(call stamp_hash,$(RUNTIME_LOCK) $(DEV_LOCK))
 
-install-dev: $(BIN)/python  # runtime + test + lint tools: make test, make lint, make chaos
+install: $(if $(wildcard $(DEV_STAMP)),$(DEV_STAMP),$(RUNTIME_STAMP))  # the runtime only: make demo, make bench
+install-dev: $(DEV_STAMP)  # runtime + test + lint tools: make test, make lint, make chaos
+
+$(RUNTIME_STAMP): | $(BIN)/python
+	rm -f $(VENV)/.installed-*
+	$(PIP_INSTALL) -r $(RUNTIME_LOCK)
+	touch $@
+
+$(DEV_STAMP): | $(BIN)/python
+	rm -f $(VENV)/.installed-*
 	$(PIP_INSTALL) -r $(DEV_LOCK)
+	touch $@
 
 # The app is production-safe by default (DEBUG off, no start without SECRET_KEY, no sandbox): the demo
 # asks for a development run with the sandbox on, explicitly. Its keys are public, for a laptop only.

@@ -5,10 +5,10 @@ What it proves is that a newcomer's deployment from ``deploy/`` works as written
 1. the environment is ``deploy/env.example`` with its blanks filled by throwaway secrets (every variable
    the file lists must end up set: a blank the script cannot fill is a failure), on a database of its own
    (``prodcheck_<pid>`` on the server in ``DATABASE_URL``, dropped at the end);
-2. ``migrate``, then the first tenant, an integrator and its token from the documented commands
-   (``create_tenant``, ``grant_role``, ``drf_create_token``);
+2. ``migrate``;
 3. every line of ``deploy/Procfile`` started as written (``anchor`` with the anchor key, the others
-   without it), with DEBUG off;
+   without it), with DEBUG off, and while they start the first tenant, an integrator and its token from
+   the documented commands (``create_tenant``, ``grant_role``, ``drf_create_token``);
 4. probes as a load balancer sends them: ``/healthz`` and ``/readyz`` with ``Host: <an IP>``; a task
    started over the API with the token is completed by the Procfile's workers; the console's login page
    answers over the proxy's forwarded HTTPS;
@@ -166,10 +166,6 @@ def main(argv: list[str] | None = None) -> int:
         sandbox = f"http://127.0.0.1:{sandbox_port}/sandbox"
         env, anchor_key = environment(with_dbname(SERVER_URL, dbname), port, sandbox)
         manage(env, "migrate", "--no-input")
-        manage(env, "create_tenant", "acme", "--name", "Acme")
-        manage(env, "grant_role", "acme-bot", "acme", "integrator", "--create-user")
-        printed = manage(env, "drf_create_token", "acme-bot", "--scopes", "read,integrate")
-        token = re.match(r"Generated token (\S+) ", printed).group(1)  # type: ignore[union-attr]
         anchors = logs / "anchors"
         anchors.mkdir()
         # The outside world: the sandbox systems, plain HTTP on loopback (not part of the layout).
@@ -186,6 +182,12 @@ def main(argv: list[str] | None = None) -> int:
             f"     started {', '.join(processes)} (deploy/Procfile, and the sandbox; logs in {logs})",
             flush=True,
         )
+        # The first tenant and its token while the processes start (each a Django start of its own: on a
+        # small machine seconds apiece, spent before the first probe either way).
+        manage(env, "create_tenant", "acme", "--name", "Acme")
+        manage(env, "grant_role", "acme-bot", "acme", "integrator", "--create-user")
+        printed = manage(env, "drf_create_token", "acme-bot", "--scopes", "read,integrate")
+        token = re.match(r"Generated token (\S+) ", printed).group(1)  # type: ignore[union-attr]
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while True:

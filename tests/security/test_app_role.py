@@ -522,23 +522,37 @@ def test_the_application_reuses_a_paid_effect_on_rerun_and_anchors_as_the_app_ro
 # --- db_roles run by an owner that is not a superuser -------------------------------------------------
 
 
-@pytest.fixture
-def createrole_owner(transactional_db):
-    """A fresh database owned by a role with CREATEROLE (no superuser), migrated by it; yields its URL."""
+@pytest.fixture(scope="module")
+def owned_database(django_db_setup, django_db_blocker):
+    """A fresh database owned by a role with CREATEROLE (no superuser), migrated by it, for this module's
+    tests (one migrate from empty, seconds, rather than one per test); yields its URL and its owner."""
     suffix = uuid.uuid4().hex[:10]
     owner, dbname = f"owner_{suffix}", f"h_owned_{suffix}"
+    with django_db_blocker.unblock():
+        with connection.cursor() as cursor:
+            cursor.execute(f"CREATE ROLE {owner} LOGIN CREATEROLE")
+            cursor.execute(f"CREATE DATABASE {dbname} OWNER {owner}")
+        url = database_url().replace(f"//{connection.settings_dict['USER']}@", f"//{owner}@")
+        url = url.rsplit("/", 1)[0] + f"/{dbname}"
+        migrated = as_owner(url, "migrate", "-v0")
+        assert migrated.returncode == 0, migrated.stderr
+        made: list[str] = []
+        yield url, owner, made
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
+            for role in made:
+                cursor.execute(f"DROP ROLE IF EXISTS {role}")
+            cursor.execute(f"DROP ROLE {owner}")
+
+
+@pytest.fixture
+def createrole_owner(owned_database, transactional_db):
+    """That database, its owner holding CREATEROLE again (a test may take it away); yields its URL and the
+    list of app roles to drop at the end."""
+    url, owner, made = owned_database
     with connection.cursor() as cursor:
-        cursor.execute(f"CREATE ROLE {owner} LOGIN CREATEROLE")
-        cursor.execute(f"CREATE DATABASE {dbname} OWNER {owner}")
-    url = database_url().replace(f"//{connection.settings_dict['USER']}@", f"//{owner}@")
-    url = url.rsplit("/", 1)[0] + f"/{dbname}"
-    made: list[str] = []
-    yield url, made
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
-        for role in made:
-            cursor.execute(f"DROP ROLE IF EXISTS {role}")
-        cursor.execute(f"DROP ROLE {owner}")
+        cursor.execute(f"ALTER ROLE {owner} CREATEROLE")
+    return url, made
 
 
 def as_owner(url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -556,8 +570,6 @@ def test_db_roles_works_for_an_owner_with_createrole_and_no_superuser(createrole
     url, made = createrole_owner
     app = f"app_{uuid.uuid4().hex[:10]}"
     made.append(app)
-    migrated = as_owner(url, "migrate", "-v0")
-    assert migrated.returncode == 0, migrated.stderr
     ran = as_owner(url, "db_roles", "--app-role", app)
     assert ran.returncode == 0, ran.stderr
     again = as_owner(url, "db_roles", "--app-role", app)  # idempotent
@@ -580,7 +592,6 @@ def test_db_roles_works_for_an_owner_with_createrole_and_no_superuser(createrole
 
 def test_db_roles_names_what_an_owner_without_createrole_lacks(createrole_owner):
     url, _ = createrole_owner
-    assert as_owner(url, "migrate", "-v0").returncode == 0
     owner = url.split("//", 1)[1].split("@", 1)[0]
     with connection.cursor() as cursor:
         cursor.execute(f"ALTER ROLE {owner} NOCREATEROLE")
