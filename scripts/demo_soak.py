@@ -35,7 +35,8 @@ minute, so a run cut short still leaves its figures)
 Verdict (exit status 1 when it fails)
     The demo stopped serving when ``run_demo`` exited, or ``/readyz`` failed twice in a row (a minute
     not ready), or the last poll after the run failed. The run also fails when it saw more than
-    ``--max-errors`` errors (default 0: any 5xx or connection error is a failure).
+    ``--max-errors`` errors (default 0: any 5xx or connection error is a failure), and when it was cut
+    short (Ctrl-C, SIGTERM: the figures so far are written, the demo stopped).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ TENANT = "acme"
 MARKER = ".demo-soak"  # in a var directory this script made (it wipes only those)
 READYZ_EVERY = 30.0
 TERMINAL = frozenset({"completed", "failed", "canceled", "expired"})
-RESTART = re.compile(r"run_demo: (\w+) exited with code (-?\d+)")
+RESTART = re.compile(r"run_demo: (\w+) exited with code -?\d+: restarting it")
 Answer = httpx.Response | None
 UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
@@ -107,6 +108,12 @@ def totp_code(secret_b32: str, *, at: float | None = None, after_step: int = -1)
     offset = digest[-1] & 0x0F
     number = struct.unpack(">I", digest[offset : offset + 4])[0] & 0x7FFFFFFF
     return f"{number % 1_000_000:06d}", step
+
+
+def restarted(line: str) -> str | None:
+    """The child ``run_demo``'s supervisor says it restarted in this line of its output, if any."""
+    found = RESTART.search(line)
+    return found[1] if found else None
 
 
 def is_failure(status: int | None) -> bool:
@@ -276,8 +283,8 @@ class Demo:
         for line in self.proc.stdout:
             log.write(line)
             log.flush()
-            if found := RESTART.search(line):
-                self.restarts.append(found[1])
+            if name := restarted(line):
+                self.restarts.append(name)
         log.close()
 
     def exit_code(self) -> int | None:
@@ -587,33 +594,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp.write_text(json.dumps(result, indent=2) + "\n")
         tmp.replace(out)
 
+    # SIGTERM as Ctrl-C: the figures are written and the demo (a session of its own) is stopped too.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         demo.start()
         wait_ready(base, demo)
         soak = Soak(base, demo, think=args.think, relogin=args.relogin * 60)
         print(f"demo_soak: the demo serves on {base}; driving it for {seconds:.0f} s -> {out}", flush=True)
+        interrupted = False
         try:
             soak.run(seconds, write)
         except KeyboardInterrupt:
+            interrupted = True
             print("demo_soak: interrupted; writing what was measured", flush=True)
         stopped = stopped_serving(soak.readyz, demo.exit_code())
         figures = totals(soak.minutes)
-        failed = stopped is not None or figures["errors"] > args.max_errors
+        failed = stopped is not None or figures["errors"] > args.max_errors or interrupted
         verdict = {
             "serving": stopped is None,
             "stopped": stopped,
             "errors": figures["errors"],
             "max_errors": args.max_errors,
             "ok": not failed,
+            "interrupted": interrupted,
         }
         write(verdict)
+        why = stopped or ("interrupted" if interrupted else f"{figures['errors']} errors")
     finally:
         demo.stop()
     print(
         f"demo_soak: {figures['minutes']} min, {figures['requests']} requests, {figures['errors']} errors, "
         f"p50 {figures['p50_ms']} ms, p95 {figures['p95_ms']} ms, tasks {figures['tasks_started']} started "
         f"/ {figures['tasks_completed']} completed, restarts {figures['restarts']}, "
-        f"RSS last {figures['rss_mb_last']} MB; {'ok' if not failed else 'FAILED: ' + (stopped or 'errors')}"
+        f"RSS last {figures['rss_mb_last']} MB; {'ok' if not failed else 'FAILED: ' + why}"
     )
     return 1 if failed else 0
 

@@ -4,12 +4,15 @@ stopped; and, under the ``slow`` marker, a short run of the real demo driven by 
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import sys
 import time
 
 import pytest
 
 from demo.management.commands.seed_demo import DEMO_TOTP_SECRET
+from demo.supervise import supervise
 from scripts import demo_soak
 from tests.second_factor import key_of
 from tests.second_factor import totp_code as authenticator_code
@@ -47,6 +50,21 @@ def test_a_code_is_not_given_twice_in_one_step():
 )
 def test_a_5xx_or_no_answer_is_a_failure_and_a_4xx_is_not(status, failure):
     assert demo_soak.is_failure(status) is failure
+
+
+def test_restarts_are_counted_from_the_supervisors_own_words():
+    said: list[str] = []
+    handler = signal.getsignal(signal.SIGTERM)  # supervise takes SIGTERM over
+    try:
+        crasher = [sys.executable, "-c", "raise SystemExit(3)"]
+        status = supervise({"worker": crasher}, {}, said.append, max_restarts=1, window=30, poll=0.05)
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert status == 1
+    lines = [f"run_demo: {line}" for line in said]  # as run_demo writes them
+    # One restart, then "stopping": the demo exits, which the soak sees as it stopping serving.
+    assert [demo_soak.restarted(line) for line in lines] == ["worker", None]
+    assert demo_soak.restarted("[04/Dec/2026 14:41:47] GET /console/ HTTP/1.1 200 31684") is None
 
 
 def test_the_demo_stopped_serving_when_it_exited_or_was_not_ready_for_a_minute():
