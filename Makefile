@@ -17,7 +17,7 @@ PIP_INSTALL := $(BIN)/pip install --quiet --disable-pip-version-check --require-
 PIP_TOOLS ?= pip-tools==7.6.2
 LOCK_VENV ?= var/pip-tools
 
-.PHONY: install install-dev demo demo-code prod-check test soak-tests chaos failover cluster-test pgbouncer-test partition-test bench-cluster bench bench-e2e bench-leases bench-approvals bench-console bench-agents bench-a2a bench-all lint locks docs demo-reset
+.PHONY: install install-dev demo demo-code prod-check test soak-tests chaos failover cluster-test pgbouncer-test partition-test bench-cluster bench bench-e2e bench-leases bench-approvals bench-console bench-agents bench-a2a bench-all lint locks docs demo-reset demo-soak
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -70,6 +70,15 @@ demo-reset: install
 	VAR_DIR=$(DEMO_VAR) $(DEMO_ENV) $(BIN)/python manage.py migrate --noinput
 	VAR_DIR=$(DEMO_VAR) $(DEMO_ENV) $(BIN)/python manage.py seed_demo
 	@echo "Demo reset: make demo serves it again."
+
+# The demo for MINUTES under a scripted click-through (scripts/demo_soak.py): make demo's steps in a var
+# directory of its own (var/demo-soak, made afresh), on PORT; the operator, approver (TOTP), auditor and
+# integrator over HTTP, /readyz every 30 s. Per-minute figures in bench/results/demo-soak-<time>.json,
+# rewritten every minute; exits non-zero if the demo stopped serving or answered a 5xx.
+MINUTES ?= 120
+DEMO_SOAK_ARGS ?=
+demo-soak: install
+	$(BIN)/python scripts/demo_soak.py --minutes $(MINUTES) --port $(PORT) $(DEMO_SOAK_ARGS)
 
 # pytest exits 5 when it collected no tests. make turns any failing recipe into exit 2, so .ci/run
 # cannot see that 5: under CI (CI set, as .ci/run does) it is not a failure of the build.
