@@ -457,6 +457,10 @@ elif CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
     # none on a web or beat process's connections, which drain nothing between publishes): a node that
     # stops answering is given up on after two missed intervals, instead of Celery's 120 s default's 240.
     CELERY_BROKER_HEARTBEAT = env.int("CELERY_BROKER_HEARTBEAT", default=10)
+    # No remote control (celery inspect/control; nothing here sends any): its exclusive pidbox queue, left
+    # on a hung node by the connection that declared it, could not be declared again on a surviving node
+    # until the cluster counted the hung node as down, and the worker exited on that refusal.
+    CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
     # Quorum queues (Raft, replicated on every node of the cluster) for the region queues and the audit
     # queue: a node's death loses no message, and its queues' leaders move to the other nodes. The
     # default queue is this worker's region; the others (another region's doorbells, "audit") are

@@ -259,6 +259,28 @@ def test_delayed_delivery_is_set_up_through_the_node_the_worker_is_on_not_every_
     assert tried == ["amqp://app:pw@mq2:5672/durable"]
 
 
+def test_an_amqp_worker_publishes_no_events_skips_mingle_and_takes_no_remote_control(monkeypatch, tmp_path):
+    # Its event loop published a worker-heartbeat event every 2 s and waited for the confirm: a hung node
+    # held it there, and Mingle's broadcast the same way after each reconnect (config/broker.py).
+    app = celery_app(monkeypatch, tmp_path, NODES)
+    assert app.conf.worker_consumer == "config.broker:Consumer"
+    made = broker.Consumer(
+        lambda *a: None,
+        app=app,
+        hostname="w@h",
+        pool=None,
+        hub=None,
+        controller=SimpleNamespace(use_eventloop=True),
+        worker_options={"without_heartbeat": False, "without_gossip": False, "without_mingle": False},
+        task_events=False,
+    )
+    enabled = {name.rsplit(".", 1)[1]: step.enabled for name, step in made.blueprint.steps.items()}
+    assert enabled["Heart"] is enabled["Events"] is enabled["Gossip"] is enabled["Mingle"] is False
+    assert enabled["Connection"] is enabled["Tasks"] is enabled["DelayedDelivery"] is True
+    # Nor remote control: its exclusive pidbox queue, left on a hung node, was refused on a survivor.
+    assert app.conf.worker_enable_remote_control is False
+
+
 def test_redis_keeps_classic_queues_and_its_visibility_timeout(monkeypatch, tmp_path):
     app = celery_app(monkeypatch, tmp_path, "redis://127.0.0.1:6379/0")
     assert app.amqp.queues["region.eu"].queue_arguments is None
@@ -267,6 +289,7 @@ def test_redis_keeps_classic_queues_and_its_visibility_timeout(monkeypatch, tmp_
     assert app.conf.broker_transport_options == {"visibility_timeout": 300.0}
     assert app.conf.broker_heartbeat == 120  # Celery's default: the amqp settings stay amqp's
     assert app.conf.broker_connection_timeout == 4  # Celery's default
+    assert app.conf.worker_enable_remote_control is True
     assert detect_quorum_queues(app, "redis") == (False, "")
     assert app.conf.worker_consumer == "celery.worker.consumer:Consumer"
 
