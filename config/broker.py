@@ -12,7 +12,8 @@ consumer with native delayed delivery set up through the node the worker is conn
 own step sets it up on every URL listed, as if each were a broker of its own, and retries a node that does
 not answer for about twenty seconds, during which the worker takes no message: after a node died, every
 reconnect paid that. The exchanges, queues and bindings it declares are the cluster's, not one node's,
-so one live node is enough. ``settings.CELERY_WORKER_CONSUMER`` names it for an ``amqp://`` broker.
+so one live node is enough. It also publishes no worker events (``Consumer`` below).
+``settings.CELERY_WORKER_CONSUMER`` names it for an ``amqp://`` broker.
 """
 
 from __future__ import annotations
@@ -72,7 +73,19 @@ class DelayedDelivery(delayed_delivery.DelayedDelivery):
 
 
 class Consumer(consumer.Consumer):
-    """Celery's worker consumer with the ``DelayedDelivery`` step above in place of its own."""
+    """Celery's worker consumer with the ``DelayedDelivery`` step above in place of its own, and no worker
+    events or start-up sync (``--without-heartbeat --without-gossip --without-mingle``, whatever the
+    command line says).
+
+    Nothing here reads worker events (no monitor; remote control is the pidbox, not events). They were
+    published from the worker's event loop with confirms, and the worker-heartbeat one every 2 s retried
+    without end: a hung node kept every node from confirming it (the worker's own event queue lived on
+    it) until the cluster gave up on that node (Erlang's net_ticktime, 60-90 s), and on reconnecting the
+    worker first closed its event connection to the hung node; meanwhile it took no doorbell and checked
+    no AMQP heartbeat. Without them the event dispatcher never connects. Mingle, after each reconnect,
+    broadcast to the other workers' pidbox queues and waited for the confirm the same way (30 s each
+    time); it syncs revoked task ids and logical clocks, which nothing here uses.
+    """
 
     Blueprint = type(
         "Blueprint",
@@ -84,3 +97,12 @@ class Consumer(consumer.Consumer):
             ]
         },
     )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        options = dict(kwargs.pop("worker_options", None) or {})
+        # The steps' options, wherever they came from (the command line, the worker's defaults).
+        for name in ("without_heartbeat", "without_gossip", "without_mingle"):
+            kwargs.pop(name, None)
+            options[name] = True
+        kwargs["worker_options"] = options
+        super().__init__(*args, **kwargs)

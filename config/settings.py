@@ -432,6 +432,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
     # (config/broker.py): a half-written file used to crash the worker that read it.
     CELERY_BROKER_TRANSPORT = "config.broker:Transport"
 elif CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
+    # Seconds a read or write on a broker connection may block (below).
+    BROKER_SOCKET_TIMEOUT = env.float("BROKER_SOCKET_TIMEOUT", default=5.0)
     # RabbitMQ, the production broker (docs/operating/scale-out.md, "RabbitMQ"). Several nodes may be
     # listed, separated by ";": a worker or publisher whose node dies connects to the next one.
     CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -439,7 +441,26 @@ elif CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
         # nodes), or raises; the doorbell logs that and the sweep rings again. Without confirms a
         # message sent to a node that dies the next moment is gone without a word.
         "confirm_publish": True,
+        # py-amqp's socket reads and writes, and so the wait for a publish's confirm, block forever
+        # by default: a node that hangs (SIGSTOP, a frozen VM) without closing its connections held a
+        # worker blocked in a heartbeat event's confirm, taking no doorbell, for as long as it hung.
+        # Past this many seconds the read or write fails like a lost connection: the worker moves to
+        # the next node, a web process's doorbell fails and the sweep rings it (SO_RCVTIMEO and
+        # SO_SNDTIMEO, set by amqp.transport; kombu passes these options to amqp.Connection).
+        "read_timeout": BROKER_SOCKET_TIMEOUT,
+        "write_timeout": BROKER_SOCKET_TIMEOUT,
     }
+    # Connecting too: a hung node accepts the TCP connection (the kernel does) and never answers the
+    # AMQP handshake, which py-amqp waits for this long.
+    CELERY_BROKER_CONNECTION_TIMEOUT = BROKER_SOCKET_TIMEOUT
+    # AMQP heartbeats on the worker's connections (its consumer and its event dispatcher; Celery sends
+    # none on a web or beat process's connections, which drain nothing between publishes): a node that
+    # stops answering is given up on after two missed intervals, instead of Celery's 120 s default's 240.
+    CELERY_BROKER_HEARTBEAT = env.int("CELERY_BROKER_HEARTBEAT", default=10)
+    # No remote control (celery inspect/control; nothing here sends any): its exclusive pidbox queue, left
+    # on a hung node by the connection that declared it, could not be declared again on a surviving node
+    # until the cluster counted the hung node as down, and the worker exited on that refusal.
+    CELERY_WORKER_ENABLE_REMOTE_CONTROL = False
     # Quorum queues (Raft, replicated on every node of the cluster) for the region queues and the audit
     # queue: a node's death loses no message, and its queues' leaders move to the other nodes. The
     # default queue is this worker's region; the others (another region's doorbells, "audit") are

@@ -197,8 +197,9 @@ class CeleryCluster:
         if self.env["CELERY_BROKER_URL"].startswith("redis://"):
             _require_redis()
 
-    def worker(self, concurrency: int = 2, name: str = "worker") -> CeleryProcess:
-        """A worker of the region; ``name`` tells several apart (their node names and log files)."""
+    def worker(self, concurrency: int = 2, name: str = "worker", pool: str | None = None) -> CeleryProcess:
+        """A worker of the region; ``name`` tells several apart (their node names and log files); ``pool``
+        overrides the settings' pool (``-P``)."""
         node = self.region if name == "worker" else f"{name}.{self.region}"
         worker = CeleryProcess(
             [
@@ -210,6 +211,7 @@ class CeleryCluster:
                 "-n",
                 f"{node}@%h",
                 "--loglevel=INFO",
+                *(["-P", pool] if pool else []),
             ],
             env=self.env,
             log=self.tmp_path / f"{name}.log",

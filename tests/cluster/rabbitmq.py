@@ -12,8 +12,10 @@ the system's node, which is fine: it only maps names to ports.
 
 Nodes two and three join the first (``stop_app``, ``join_cluster``,
 ``start_app``). ``Node.kill`` SIGKILLs a node's whole process group (the
-machine is gone); ``Cluster.destroy`` kills whatever is left, whatever the
-test did.
+machine is gone); ``Node.pause`` SIGSTOPs it (the machine hangs: its sockets
+stay open, nothing answers) and ``Node.restore`` SIGCONTs it; ``Cluster.heal``
+restarts whatever a test left down; ``Cluster.destroy`` kills
+whatever is left, whatever the test did.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class Node:
     dist_port: int  # Erlang distribution (clustering, rabbitmqctl)
     root: Path  # the cluster's directory: HOME (the cookie), the env file
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    paused: bool = False
 
     @property
     def short(self) -> str:
@@ -147,7 +150,21 @@ class Node:
         raise AssertionError(f"{self.name} did not start within {timeout}s:\n{self.log_tail()}")
 
     def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        """Running and answering: a paused node is neither asked nor counted."""
+        return self.process is not None and self.process.poll() is None and not self.paused
+
+    def pause(self) -> None:
+        """SIGSTOP the node's process group: a hung machine, whose connections stay open unanswered."""
+        if self.process is not None:
+            os.killpg(self.process.pid, signal.SIGSTOP)
+            self.paused = True
+
+    def restore(self) -> None:
+        """SIGCONT what ``pause`` stopped."""
+        if self.process is not None and self.paused:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGCONT)
+            self.paused = False
 
     def kill(self) -> None:
         """SIGKILL the node's process group: beam, its port helpers, the start script."""
@@ -155,6 +172,7 @@ class Node:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
+        self.paused = False
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=30)
 
@@ -190,6 +208,22 @@ class Cluster:
     def running_nodes(self) -> list[str]:
         status = json.loads(self.alive()[0].ctl("cluster_status", "--formatter", "json"))
         return sorted(status.get("running_nodes", []))
+
+    def heal(self, timeout: float = 180) -> None:
+        """Every node running and in the cluster again: a killed or paused one restarted (its data kept:
+        it rejoins as itself)."""
+        for node in self.nodes:
+            if node.paused:  # resumed, it would stay partitioned from the others (RabbitMQ's default
+                node.kill()  # cluster_partition_handling, ignore): restarted instead, as a killed one
+            if not node.alive():
+                node.start()
+        for node in self.nodes:
+            node.wait_started()
+        deadline = time.monotonic() + timeout
+        while len(self.running_nodes()) < len(self.nodes):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"cluster not healed: {self.running_nodes()}")
+            time.sleep(0.5)
 
     def destroy(self) -> None:
         for node in self.nodes:

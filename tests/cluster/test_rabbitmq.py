@@ -1,4 +1,4 @@
-"""RabbitMQ as the broker: a node killed mid-run loses no doorbell, pays nothing twice, stops no worker.
+"""RabbitMQ: a node killed or hung mid-run loses no doorbell, pays nothing twice, stops no worker.
 
 ``make cluster-test`` (marker ``cluster``). A real cluster of three RabbitMQ
 nodes on loopback (``tests.cluster.rabbitmq``); the API under gunicorn, Celery
@@ -10,9 +10,13 @@ system is the sandbox, in this test's process, each payment taking 300 ms.
 1. A client creates ``RABBITMQ_TASKS`` invoices (150) through the API: their
    doorbells wait in the region queue, whose leader is the node the API
    published to. Two workers start, connected to that same node.
-2. Once a quarter are paid, that node is SIGKILLed: the queue's leader and
-   every worker's connection die together. While the queue elects a new
-   leader and the workers reconnect, the client creates ``DURING`` more.
+2. Once a quarter are paid, that node is SIGKILLed (``kill``: the queue's
+   leader and every worker's connection die together) or SIGSTOPped
+   (``hang``: the connections stay open and nothing answers on them).
+   While the queue elects a new leader and the workers reconnect, the
+   client creates ``DURING`` more. A worker takes a doorbell again within
+   ``STALL_BOUND`` seconds of the fault. Both worker pools run it: prefork
+   (the default with RabbitMQ) and threads.
 3. No sweep runs until every invoice of step 1 is paid: those are paid on their
    doorbells alone, so none of them was lost. Then beat starts (its sweep every
    second) and rings whatever an outage-time create could not.
@@ -21,8 +25,8 @@ What must hold: each invoice paid exactly once at the payment system; every
 task completed on its payment; no worker exited; the queue still a quorum
 queue, led by a surviving node, with both survivors online; every outage-time
 create answered 201, and each of its tasks that needed the sweep has a logged
-doorbell failure (nothing lost in silence). The figures (seconds from the kill
-to the next task completed, throughput around it) are printed.
+doorbell failure (nothing lost in silence). The figures (seconds from the fault
+to the next doorbell taken and task completed, throughput around it) are printed.
 
 A second test rings a doorbell with a countdown: it waits in RabbitMQ's delayed
 queues, not in a worker, and runs once the countdown has passed.
@@ -59,11 +63,18 @@ TASKS = int(os.environ.get("RABBITMQ_TASKS", "150"))
 DURING = 20  # invoices created while the killed node's queue elects a new leader
 WORKERS, CONCURRENCY = 2, 4
 COUNTDOWN = 16  # one delay level (2**4 s): the message sits in celery_delayed_4 for all of it
+# Seconds from the fault to a worker taking a doorbell again. A killed node's connections close at once.
+# A hung one is given up on after two missed AMQP heartbeats (CELERY_BROKER_HEARTBEAT, 10 s; a connect
+# to it fails after BROKER_SOCKET_TIMEOUT, 5 s), but the survivors cannot set up the worker's new
+# connection (they answer nothing, then reset it after 30 s) until they count the hung node as down:
+# RabbitMQ's net_ticktime, 60 s by default (45-75 s after the hang).
+STALL_BOUND = {"kill": 45, "hang": 90}
 
 
 @pytest.fixture(scope="module")
 def rabbit(tmp_path_factory) -> Iterator[rabbitmq.Cluster]:
-    """Three nodes, one cluster, for this module (the countdown test runs first, the kill test last)."""
+    """Three nodes, one cluster, for this module (the countdown test runs first, then the outages, each
+    healing what the one before left down)."""
     reason = rabbitmq.unavailable()
     if reason is not None:
         pytest.skip(reason)
@@ -157,9 +168,25 @@ def test_a_doorbell_rung_with_a_countdown_waits_in_rabbitmq_and_runs_after_it(
 
 
 @pytest.mark.timeout(900)
-def test_a_broker_node_killed_mid_run_loses_no_doorbell_and_pays_nothing_twice(
-    operator, sandbox, rabbit, celery, tmp_path, monkeypatch
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "kill",
+        # Unfinished: the workers take doorbells again 62-68 s after the hang (within STALL_BOUND), but a
+        # publisher whose connection is new (a task ringing its next step, beat's sweep) dials the hung
+        # node first, fails after BROKER_SOCKET_TIMEOUT without trying the next node, and fails again on
+        # the next ring: the sweep never rang what the outage lost within 120 s. Not run meanwhile: each
+        # would wait out its timeouts (about 10 minutes). Run with --runxfail to measure.
+        pytest.param(
+            "hang", marks=pytest.mark.xfail(reason="publishers do not fail over past a hung node", run=False)
+        ),
+    ],
+)
+def test_a_broker_node_killed_or_hung_mid_run_loses_no_doorbell_and_pays_nothing_twice(
+    operator, sandbox, rabbit, celery, tmp_path, monkeypatch, fault, pool
 ):
+    rabbit.heal()
     _, token = token_create(operator, scopes=[Scope.INTEGRATE, Scope.READ], expires_at=None)
     Fault.objects.create(
         system="payments", operation="dispatch", kind="latency", remaining=100_000, params={"ms": 300}
@@ -191,8 +218,9 @@ def test_a_broker_node_killed_mid_run_loses_no_doorbell_and_pays_nothing_twice(
         celery.env["CELERY_BROKER_URL"] = rabbit.url([victim, *survivors])
         started = time.time()
         # Started together: one booting while the other already pays would have it pay the whole run.
-        with ThreadPoolExecutor(WORKERS) as pool:
-            workers = list(pool.map(lambda i: celery.worker(CONCURRENCY, name=f"worker{i}"), range(WORKERS)))
+        with ThreadPoolExecutor(WORKERS) as starting:
+            workers = list(starting.map(lambda i: celery.worker(CONCURRENCY, name=f"worker{i}", pool=pool),
+                                        range(WORKERS)))  # fmt: skip
         # Each worker's log names the node it connected to (rabbitmqctl is too slow to ask mid-run here).
         assert all(f"Connected to amqp://***@127.0.0.1:{victim.port}/" in w.output() for w in workers)
         wait_for(lambda: len(paid()) >= TASKS // 4 or not all(w.running() for w in workers),
@@ -202,8 +230,25 @@ def test_a_broker_node_killed_mid_run_loses_no_doorbell_and_pays_nothing_twice(
         assert paid_at_kill < TASKS * 3 // 4, f"{paid_at_kill} paid: the kill would not land mid-run"
 
         killed_at, killed = time.time(), time.monotonic()
-        victim.kill()
-        answers = [api.create(body).status_code for body in late]
+        victim.kill() if fault == "kill" else victim.pause()
+        # The outage-time creates, meanwhile: a doorbell published to the hung node waits for its confirm.
+        creating = ThreadPoolExecutor(1)
+        late_creates = creating.submit(lambda: [api.create(body).status_code for body in late])  # type: ignore[union-attr]
+
+        def taken_since() -> float | None:
+            """Seconds from the fault to the first doorbell a worker took after it, or None yet."""
+            after = [at for w in workers for at in logged_at(w.output(), "] received") if at > killed_at]
+            return min(after) - killed_at if after else None
+
+        try:
+            wait_for(lambda: taken_since() is not None or not all(w.running() for w in workers),
+                     timeout=STALL_BOUND[fault] + 30, what=f"a doorbell taken after the {fault}")  # fmt: skip
+        finally:
+            print(f"\nrabbitmq {fault} ({pool}): next doorbell taken {taken_since()} s after the fault")
+        stall = taken_since()
+        assert stall is not None and stall <= STALL_BOUND[fault], [w.output()[-3000:] for w in workers]
+        answers = late_creates.result(timeout=300)
+        creating.shutdown()
         created_late = time.monotonic() - killed
 
         # No sweep yet: the invoices created before the kill are paid on their doorbells alone.
@@ -245,20 +290,25 @@ def test_a_broker_node_killed_mid_run_loses_no_doorbell_and_pays_nothing_twice(
     assert len(needed_sweep) <= failed_rings, (needed_sweep, failed_rings)
     assert after["type"] == "quorum", after
     assert after["leader"] in {n.name for n in survivors}, after
-    assert sorted(after["online"]) == sorted(n.name for n in survivors), after
+    if fault == "kill":
+        assert sorted(after["online"]) == sorted(n.name for n in survivors), after
+    else:  # a hung node may still count as online until Erlang's distribution gives up on it (~60 s)
+        assert {n.name for n in survivors} <= set(after["online"]), after
     assert all(count >= 2 for count in reconnected), reconnected  # each worker connected again
 
     done = completions()
     next_done = min(at for at in done if at > killed_at)
-    logs = [w.output() for w in workers]
+    outputs = [w.output() for w in workers]
     # Progress resumed: a worker took a doorbell again (necessarily on a new connection, to a survivor).
-    taken = min(at for log in logs for at in logged_at(log, "] received") if at > killed_at)
-    back = max(min(at for at in logged_at(log, "Connected to amqp://") if at > killed_at) for log in logs)
+    taken = min(at for log in outputs for at in logged_at(log, "] received") if at > killed_at)
+    back = max(min(at for at in logged_at(log, "Connected to amqp://") if at > killed_at) for log in outputs)
 
     def rate(start: float, stop: float) -> float:
         return round(sum(start < at <= stop for at in done) / (stop - start), 2)
 
     shown = {
+        "fault": fault,
+        "pool": pool,
         "tasks": TASKS,
         "paid_at_kill": paid_at_kill,
         "workers_reconnected_s": round(back - killed_at, 2),
@@ -275,4 +325,4 @@ def test_a_broker_node_killed_mid_run_loses_no_doorbell_and_pays_nothing_twice(
         "first_batch_done_after_kill_s": round(doorbells_only, 2),
         "load_average": os.getloadavg()[0],
     }
-    print(f"\nrabbitmq node kill: {json.dumps(shown)}")
+    print(f"\nrabbitmq node {fault} ({pool}): {json.dumps(shown)}")

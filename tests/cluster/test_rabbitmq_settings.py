@@ -9,13 +9,20 @@ cluster with a node killed mid-run is ``make cluster-test`` (``test_rabbitmq.py`
 from __future__ import annotations
 
 import runpy
+import socket
+import struct
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from amqp import spec
+from amqp.serialization import dumps
 from celery import Celery
 from celery.utils.quorum_queues import detect_quorum_queues
 from kombu import Connection
+from kombu.exceptions import OperationalError
 
 from config import broker
 
@@ -65,13 +72,150 @@ def test_an_amqp_broker_gets_quorum_queues_for_every_region_and_the_audit_queue(
 
 def test_an_amqp_broker_confirms_publishes_and_keeps_one_doorbell_per_pool_process(monkeypatch, tmp_path):
     app = celery_app(monkeypatch, tmp_path, NODES)
-    assert app.conf.broker_transport_options == {"confirm_publish": True}
+    assert app.conf.broker_transport_options["confirm_publish"] is True
     # The worker sees quorum queues, so it asks for a per-consumer prefetch (no global QoS, which quorum
     # queues refuse), still one message per pool process.
     assert app.conf.worker_detect_quorum_queues is True
     assert detect_quorum_queues(app, "amqp") == (True, "region.eu")
     assert app.conf.worker_prefetch_multiplier == 1
     assert app.conf.broker_connection_retry_on_startup is True
+
+
+class HungNode:
+    """An AMQP "node" on loopback that completes the handshake, opens channels, turns confirms on, declares
+    and binds, and then confirms no publish while keeping the connection open: a RabbitMQ node SIGSTOPped
+    (or a frozen VM) as the client published. It records the heartbeat each client asked for (its
+    Tune-Ok) and counts the publishes."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.heartbeats: list[int] = []
+        self.published = 0
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._talk, args=(client,), daemon=True).start()
+
+    @staticmethod
+    def _method(channel: int, sig: tuple[int, int], argsig: str = "", args: tuple = ()) -> bytes:
+        payload = struct.pack(">HH", *sig) + (dumps(argsig, args) if argsig else b"")
+        return struct.pack(">BHI", 1, channel, len(payload)) + payload + b"\xce"
+
+    def _talk(self, client: socket.socket) -> None:
+        def read(n: int) -> bytes:
+            data = b""
+            while len(data) < n:
+                chunk = client.recv(n - len(data))
+                if not chunk:
+                    raise ConnectionError
+                data += chunk
+            return data
+
+        with client:
+            try:
+                read(8)  # the protocol header
+                start = (0, 9, {"capabilities": {"publisher_confirms": True}}, "PLAIN", "en_US")
+                client.sendall(self._method(0, spec.Connection.Start, "ooFSS", start))
+                while not self.stop.is_set():
+                    kind, channel, size = struct.unpack(">BHI", read(7))
+                    payload = read(size + 1)[:-1]
+                    if kind != 1:
+                        continue
+                    sig = struct.unpack(">HH", payload[:4])
+                    if sig == spec.Connection.StartOk:
+                        client.sendall(self._method(0, spec.Connection.Tune, "BlB", (2047, 131072, 60)))
+                    elif sig == spec.Connection.TuneOk:
+                        self.heartbeats.append(struct.unpack(">H", payload[10:12])[0])
+                    elif sig == spec.Connection.Open:
+                        client.sendall(self._method(0, spec.Connection.OpenOk, "s", ("",)))
+                    elif sig == spec.Channel.Open:
+                        client.sendall(self._method(channel, spec.Channel.OpenOk, "s", ("",)))
+                    elif sig == spec.Confirm.Select:
+                        client.sendall(self._method(channel, spec.Confirm.SelectOk))
+                    elif sig == spec.Exchange.Declare:
+                        client.sendall(self._method(channel, spec.Exchange.DeclareOk))
+                    elif sig == spec.Queue.Declare:
+                        name = payload[7 : 7 + payload[6]].decode()  # after the ids and a reserved short
+                        client.sendall(self._method(channel, spec.Queue.DeclareOk, "sll", (name, 0, 0)))
+                    elif sig == spec.Queue.Bind:
+                        client.sendall(self._method(channel, spec.Queue.BindOk))
+                    elif sig == spec.Basic.Publish:
+                        self.published += 1  # and its confirm never sent
+            except (ConnectionError, OSError):
+                return
+
+    def close(self) -> None:
+        self.stop.set()
+        self.server.close()
+
+
+@pytest.fixture
+def hung_node():
+    node = HungNode()
+    yield node
+    node.close()
+
+
+def test_a_doorbell_published_to_a_node_that_stopped_answering_fails_within_broker_socket_timeout(
+    monkeypatch, tmp_path, hung_node
+):
+    # It used to wait forever: py-amqp reads without a timeout, and a publish waits for its confirm.
+    monkeypatch.setenv("BROKER_SOCKET_TIMEOUT", "1")
+    app = celery_app(monkeypatch, tmp_path, f"amqp://guest:guest@127.0.0.1:{hung_node.port}//")
+    outcome: list[BaseException | None] = []
+
+    def publish() -> None:
+        try:
+            with app.connection_for_write() as conn:
+                app.send_task("tasks.run_task", args=["t-1"], queue="region.eu", retry=False, connection=conn)
+        except Exception as exc:  # what tasks.doorbell.ring logs, leaving the task to the sweep
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    started = time.monotonic()
+    publishing = threading.Thread(target=publish, daemon=True)
+    publishing.start()
+    publishing.join(timeout=20)
+    assert outcome, "the publish still waits for a node that answers nothing"
+    # Its confirm never came: the socket read timed out, and kombu raised it as a connection error.
+    assert hung_node.published == 1
+    assert isinstance(outcome[0], OperationalError), outcome
+    assert isinstance(outcome[0].__cause__, TimeoutError), outcome[0].__cause__
+    assert time.monotonic() - started < 10
+    # A web (or beat) process's connection asks for no AMQP heartbeat: it drains nothing between
+    # publishes, so it could not answer the node's. Workers' connections do (below).
+    assert hung_node.heartbeats == [0]
+
+
+def test_an_amqp_worker_heartbeats_and_bounds_every_socket_wait(monkeypatch, tmp_path):
+    app = celery_app(monkeypatch, tmp_path, NODES)
+    options = app.conf.broker_transport_options
+    assert options["read_timeout"] == options["write_timeout"] == 5.0  # BROKER_SOCKET_TIMEOUT
+    assert app.conf.broker_connection_timeout == 5.0  # the AMQP handshake of a node accepting, not answering
+    # Celery's worker consumer (and its event dispatcher) connects with broker_heartbeat; nothing else does.
+    assert app.conf.broker_heartbeat == 10
+    # Every option above reaches amqp.Connection (kombu's pyamqp transport passes its options through).
+    reached: dict = {}
+
+    class Recorder:
+        def __init__(self, **kwargs):
+            reached.update(kwargs)
+            raise ConnectionRefusedError
+
+    monkeypatch.setattr("kombu.transport.pyamqp.Transport.Connection", Recorder)
+    worker = app.connection_for_read(heartbeat=app.conf.broker_heartbeat)
+    with pytest.raises(ConnectionRefusedError):
+        worker.transport.establish_connection()
+    assert reached["read_timeout"] == reached["write_timeout"] == reached["connect_timeout"] == 5.0
+    assert reached["heartbeat"] == 10.0
 
 
 def test_every_node_listed_is_a_failover_target(monkeypatch, tmp_path):
@@ -115,12 +259,37 @@ def test_delayed_delivery_is_set_up_through_the_node_the_worker_is_on_not_every_
     assert tried == ["amqp://app:pw@mq2:5672/durable"]
 
 
+def test_an_amqp_worker_publishes_no_events_skips_mingle_and_takes_no_remote_control(monkeypatch, tmp_path):
+    # Its event loop published a worker-heartbeat event every 2 s and waited for the confirm: a hung node
+    # held it there, and Mingle's broadcast the same way after each reconnect (config/broker.py).
+    app = celery_app(monkeypatch, tmp_path, NODES)
+    assert app.conf.worker_consumer == "config.broker:Consumer"
+    made = broker.Consumer(
+        lambda *a: None,
+        app=app,
+        hostname="w@h",
+        pool=None,
+        hub=None,
+        controller=SimpleNamespace(use_eventloop=True),
+        worker_options={"without_heartbeat": False, "without_gossip": False, "without_mingle": False},
+        task_events=False,
+    )
+    enabled = {name.rsplit(".", 1)[1]: step.enabled for name, step in made.blueprint.steps.items()}
+    assert enabled["Heart"] is enabled["Events"] is enabled["Gossip"] is enabled["Mingle"] is False
+    assert enabled["Connection"] is enabled["Tasks"] is enabled["DelayedDelivery"] is True
+    # Nor remote control: its exclusive pidbox queue, left on a hung node, was refused on a survivor.
+    assert app.conf.worker_enable_remote_control is False
+
+
 def test_redis_keeps_classic_queues_and_its_visibility_timeout(monkeypatch, tmp_path):
     app = celery_app(monkeypatch, tmp_path, "redis://127.0.0.1:6379/0")
     assert app.amqp.queues["region.eu"].queue_arguments is None
     assert app.amqp.queues["audit"].queue_arguments is None
     assert app.amqp.queues["region.eu"].exchange.type == "direct"
     assert app.conf.broker_transport_options == {"visibility_timeout": 300.0}
+    assert app.conf.broker_heartbeat == 120  # Celery's default: the amqp settings stay amqp's
+    assert app.conf.broker_connection_timeout == 4  # Celery's default
+    assert app.conf.worker_enable_remote_control is True
     assert detect_quorum_queues(app, "redis") == (False, "")
     assert app.conf.worker_consumer == "celery.worker.consumer:Consumer"
 
