@@ -434,6 +434,7 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
 elif CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
     # Seconds a read or write on a broker connection may block (below).
     BROKER_SOCKET_TIMEOUT = env.float("BROKER_SOCKET_TIMEOUT", default=5.0)
+    _broker_nodes = len([node for node in CELERY_BROKER_URL.split(";") if node.strip()])
     # RabbitMQ, the production broker (docs/operating/scale-out.md, "RabbitMQ"). Several nodes may be
     # listed, separated by ";": a worker or publisher whose node dies connects to the next one.
     CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -449,6 +450,12 @@ elif CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
         # SO_SNDTIMEO, set by amqp.transport; kombu passes these options to amqp.Connection).
         "read_timeout": BROKER_SOCKET_TIMEOUT,
         "write_timeout": BROKER_SOCKET_TIMEOUT,
+        # A publisher's new connection tries each listed node once, in turn, before it gives up. kombu
+        # bounds its connection attempts by one total time, by default the handshake timeout below:
+        # the first node's timed-out handshake used it all, so while that node hung every doorbell
+        # and sweep ring failed there without trying the next node.
+        "max_retries": _broker_nodes - 1,
+        "connect_retries_timeout": BROKER_SOCKET_TIMEOUT * _broker_nodes + 1,
     }
     # Connecting too: a hung node accepts the TCP connection (the kernel does) and never answers the
     # AMQP handshake, which py-amqp waits for this long.

@@ -87,9 +87,10 @@ class HungNode:
     (or a frozen VM) as the client published. It records the heartbeat each client asked for (its
     Tune-Ok) and counts the publishes."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, confirms: bool = False) -> None:
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
+        self.confirms = confirms  # a node that answers: each publish confirmed (Basic.Ack)
         self.heartbeats: list[int] = []
         self.published = 0
         self.stop = threading.Event()
@@ -147,7 +148,10 @@ class HungNode:
                     elif sig == spec.Queue.Bind:
                         client.sendall(self._method(channel, spec.Queue.BindOk))
                     elif sig == spec.Basic.Publish:
-                        self.published += 1  # and its confirm never sent
+                        self.published += 1  # and its confirm never sent, unless the node answers
+                        if self.confirms:
+                            ack = self._method(channel, spec.Basic.Ack, "Lb", (self.published, False))
+                            client.sendall(ack)
             except (ConnectionError, OSError):
                 return
 
@@ -193,6 +197,55 @@ def test_a_doorbell_published_to_a_node_that_stopped_answering_fails_within_brok
     # A web (or beat) process's connection asks for no AMQP heartbeat: it drains nothing between
     # publishes, so it could not answer the node's. Workers' connections do (below).
     assert hung_node.heartbeats == [0]
+
+
+class SilentNode:
+    """A node that accepts the TCP connection (the kernel does, for a SIGSTOPped RabbitMQ) and never
+    answers the AMQP handshake."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        held = []
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            held.append(client)  # kept open, read by no one
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_doorbell_whose_first_node_hangs_is_published_on_the_next_one(monkeypatch, tmp_path):
+    # It used to fail at the first node, ring after ring: kombu spent its whole connection budget (the
+    # handshake timeout) on that node's handshake and never tried the next one listed.
+    monkeypatch.setenv("BROKER_SOCKET_TIMEOUT", "1")
+    silent, answering = SilentNode(), HungNode(confirms=True)
+    try:
+        app = celery_app(
+            monkeypatch,
+            tmp_path,
+            f"amqp://guest:guest@127.0.0.1:{silent.port}//;amqp://guest:guest@127.0.0.1:{answering.port}//",
+        )
+        started = time.monotonic()
+        app.send_task("tasks.run_task", args=["t-1"], queue="region.eu", retry=False)  # as the doorbell
+        assert silent.accepted == 1 and answering.published == 1
+        assert time.monotonic() - started < 5  # one handshake timeout (1 s), then the next node
+        # The pooled connection stays on the node that answered: the next ring does not wait again.
+        started = time.monotonic()
+        app.send_task("tasks.run_task", args=["t-2"], queue="region.eu", retry=False)
+        assert answering.published == 2 and silent.accepted == 1
+        assert time.monotonic() - started < 1
+    finally:
+        silent.close()
+        answering.close()
 
 
 def test_an_amqp_worker_heartbeats_and_bounds_every_socket_wait(monkeypatch, tmp_path):
