@@ -173,14 +173,7 @@ def test_a_doorbell_rung_with_a_countdown_waits_in_rabbitmq_and_runs_after_it(
     "fault",
     [
         "kill",
-        # Unfinished: the workers take doorbells again 62-68 s after the hang (within STALL_BOUND), but a
-        # publisher whose connection is new (a task ringing its next step, beat's sweep) dials the hung
-        # node first, fails after BROKER_SOCKET_TIMEOUT without trying the next node, and fails again on
-        # the next ring: the sweep never rang what the outage lost within 120 s. Not run meanwhile: each
-        # would wait out its timeouts (about 10 minutes). Run with --runxfail to measure.
-        pytest.param(
-            "hang", marks=pytest.mark.xfail(reason="publishers do not fail over past a hung node", run=False)
-        ),
+        "hang",
     ],
 )
 def test_a_broker_node_killed_or_hung_mid_run_loses_no_doorbell_and_pays_nothing_twice(
@@ -276,7 +269,14 @@ def test_a_broker_node_killed_or_hung_mid_run_loses_no_doorbell_and_pays_nothing
         if api is not None:
             api.stop()
 
-    assert answers == [201] * DURING, answers
+    if fault == "kill":
+        assert answers == [201] * DURING, answers
+    else:
+        # While the cluster has not yet given up on the hung node (~60 s) no node confirms a doorbell,
+        # and each create's ring tries every node in turn: some creates outlast the client's 20 s
+        # timeout, so the careful client sends them again and is answered 200, the task its first
+        # try created (the checks below: each invoice once, each task completed).
+        assert set(answers) <= {200, 201}, answers
     payments = paid()
     assert {inv: n for inv, n in payments.items() if n != 1} == {}, "an invoice paid twice"
     assert set(payments) == {b["input"]["invoice_id"] for b in bodies + late}, "an invoice never paid"
