@@ -14,7 +14,7 @@ from uuid import UUID
 import django_filters
 from django import forms
 from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.db.models import Q, QuerySet, TextField
+from django.db.models import BooleanField, Q, QuerySet, TextField
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -92,8 +92,10 @@ def search_condition(term: str, vendor: str = "postgresql", using: str = DEFAULT
                     f"SELECT DISTINCT task_id FROM ({found}) found LIMIT %s", [*params, ID_CANDIDATES + 1]
                 )
                 matched = [row[0] for row in cursor.fetchall()]
-            if len(matched) <= ID_CANDIDATES:
-                return Q(id__in=matched)
+            if len(matched) <= ID_CANDIDATES:  # one array parameter, not thousands
+                return Q(
+                    RawSQL('"tasks_task"."id" = ANY(%s::uuid[])', (matched,), output_field=BooleanField())
+                )
         return Q(id__in=RawSQL(found, params))
     condition = Q()
     for each in patterns:
