@@ -38,10 +38,12 @@ def _sleeps_after(pid: int) -> bool:
 
 def test_a_parent_counts_the_cpu_of_children_it_reaped_and_of_those_alive():
     # The parent runs a busy child to its end (and waits for it), then starts a second busy child and sleeps.
+    # Each works 0.5 s and is checked for 0.4: /proc counts CPU in clock ticks, sampled, and could show a
+    # child that worked exactly 0.4 s by its own clock as 0.39 (then asleep: the wait below never ended).
     script = (
         "import subprocess, sys, time\n"
-        f"subprocess.run([sys.executable, '-c', {BUSY.format(seconds=0.4)!r}])\n"
-        f"subprocess.Popen([sys.executable, '-c', {BUSY.format(seconds=0.4)!r} + 'time.sleep(30)'])\n"
+        f"subprocess.run([sys.executable, '-c', {BUSY.format(seconds=0.5)!r}])\n"
+        f"subprocess.Popen([sys.executable, '-c', {BUSY.format(seconds=0.5)!r} + 'time.sleep(30)'])\n"
         "time.sleep(30)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", script])
