@@ -7,11 +7,13 @@ What it measures
 
     statements      every statement PostgreSQL ran for the run's database, from ``pg_stat_statements``
                     (reset when the workers start): calls per task (each is one round trip from a
-                    Django worker, which sends one statement at a time) and server time per task, the
-                    top ``--top`` by calls. Needs the extension preloaded: ``--private-cluster`` starts a
-                    PostgreSQL of its own with it (``initdb`` in a temporary directory, as the
-                    ``postgres`` user when run as root; ``PG_BINDIR`` names the binaries). Without it,
-                    and the shared server not preloading it, only transactions are counted.
+                    Django worker, which sends one statement at a time) and server time per task
+                    (executing, and planning apart: what the hot statements' prepared statements
+                    save, ``tasks.hotpath.hot_cursor``), the top ``--top`` by calls. Needs the
+                    extension preloaded: ``--private-cluster`` starts a PostgreSQL of its own with it
+                    (``initdb`` in a temporary directory, as the ``postgres`` user when run as root;
+                    ``PG_BINDIR`` names the binaries). Without it, and the shared server not
+                    preloading it, only transactions are counted.
     transactions    commits and rollbacks of the run's database per task (``pg_stat_database``).
     CPU             user + system CPU per task from ``/proc/<pid>/stat``, from the workers' first
                     commit to the last completion: the worker processes; PostgreSQL (with
@@ -167,6 +169,7 @@ def private_cluster(settings_from: str) -> Iterator[tuple[str, int]]:
     options = " ".join(f"-c {name}={value}" for name, value in same.items())
     options += f" -p {port} -k {root} -c listen_addresses=127.0.0.1"
     options += " -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=top"
+    options += " -c pg_stat_statements.track_planning=on"  # what prepared statements save is planning
     try:
         subprocess.run(_as_server_user([str(_bindir() / "initdb"), "-D", str(data), "-U", SERVER_USER,
                                         "-A", "trust", "--no-sync", "-E", "UTF8", "--locale=C.UTF-8"]),
@@ -201,13 +204,13 @@ def _database_counters(url: str) -> tuple[int, int]:
     return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
-def _statements(url: str, role: str) -> list[tuple[str, int, float]] | None:
-    """(query, calls, total ms) the role ran at top level (sent by a client, not run by a trigger) in
-    the run's database, or None without pg_stat_statements."""
+def _statements(url: str, role: str) -> list[tuple[str, int, float, float]] | None:
+    """(query, calls, total ms executing, total ms planning) the role ran at top level (sent by a
+    client, not run by a trigger) in the run's database, or None without pg_stat_statements."""
     with psycopg.connect(url, autocommit=True) as conn:
         try:
-            return [(q, int(c), float(t)) for q, c, t in conn.execute(
-                "SELECT query, calls, total_exec_time FROM pg_stat_statements"
+            return [(q, int(c), float(t), float(p)) for q, c, t, p in conn.execute(
+                "SELECT query, calls, total_exec_time, total_plan_time FROM pg_stat_statements"
                 " WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
                 " AND userid = (SELECT oid FROM pg_roles WHERE rolname = %s) AND toplevel"
                 " ORDER BY calls DESC, total_exec_time DESC",
@@ -328,16 +331,23 @@ def measure(
     if samples is not None:
         result["samples"] = samples
     if statements is not None:
-        result["statements_per_task"] = sum(calls for _, calls, _ in statements) / max(counted, 1)
-        commits = sum(calls for query, calls, _ in statements if query.strip().upper() == "COMMIT")
+        result["statements_per_task"] = sum(calls for _, calls, _, _ in statements) / max(counted, 1)
+        commits = sum(calls for query, calls, _, _ in statements if query.strip().upper() == "COMMIT")
         result["worker_commits_per_task"] = commits / max(counted, 1)
-        result["sandbox_statements_per_task"] = sum(calls for _, calls, _ in sandbox or []) / max(counted, 1)
+        sandbox_calls = sum(calls for _, calls, _, _ in sandbox or [])
+        result["sandbox_statements_per_task"] = sandbox_calls / max(counted, 1)
         # Commits also count this process's polls (each its own transaction) and the sandbox's.
         result["own_statements"] = own["statements"]
-        result["server_ms_per_task"] = sum(ms for _, _, ms in statements) / max(counted, 1)
+        result["server_ms_per_task"] = sum(ms for _, _, ms, _ in statements) / max(counted, 1)  # executing
+        result["server_plan_ms_per_task"] = sum(ms for _, _, _, ms in statements) / max(counted, 1)
         result["top"] = [
-            {"calls_per_task": calls / max(counted, 1), "ms_per_call": ms / max(calls, 1), "query": query}
-            for query, calls, ms in statements[: args.top]
+            {
+                "calls_per_task": calls / max(counted, 1),
+                "ms_per_call": ms / max(calls, 1),
+                "plan_ms_per_call": plan / max(calls, 1),
+                "query": query,
+            }
+            for query, calls, ms, plan in statements[: args.top]
         ]
     return result
 
@@ -354,7 +364,8 @@ def render(result: dict[str, Any]) -> str:
     if "statements_per_task" in result:
         lines.append(f"  statements     {result['statements_per_task']:.1f} per task sent by the workers "
                      f"(one round trip each; {result['worker_commits_per_task']:.2f} COMMITs), "
-                     f"{result['server_ms_per_task']:.2f} ms server time per task; "
+                     f"{result['server_ms_per_task']:.2f} ms server time per task executing, "
+                     f"{result.get('server_plan_ms_per_task', 0):.2f} ms planning; "
                      f"the sandbox's {result['sandbox_statements_per_task']:.1f}")  # fmt: skip
     else:
         lines.append("  statements     not counted: pg_stat_statements is not preloaded (--private-cluster)")
@@ -362,10 +373,13 @@ def render(result: dict[str, Any]) -> str:
     lines.append("  CPU per task   " + "  ".join(f"{name} {ms:.1f} ms" for name, ms in cpu.items())
                  + f"  (PostgreSQL: {result['postgresql_cpu']})")  # fmt: skip
     if result.get("top"):
-        lines.append("\n| calls/task | ms/call | statement |\n|---|---|---|")
+        lines.append("\n| calls/task | ms/call | planning ms/call | statement |\n|---|---|---|---|")
         for row in result["top"]:
             query = " ".join(row["query"].split())[:150].replace("|", "\\|")
-            lines.append(f"| {row['calls_per_task']:.2f} | {row['ms_per_call']:.3f} | `{query}` |")
+            lines.append(
+                f"| {row['calls_per_task']:.2f} | {row['ms_per_call']:.3f} | "
+                f"{row.get('plan_ms_per_call', 0):.3f} | `{query}` |"
+            )
     if "samples" in result:
         lines.append(render_samples(result["samples"]))
     return "\n".join(lines)

@@ -25,13 +25,15 @@ Behind a transaction-pooling proxy (PgBouncer with ``pool_mode = transaction``)
 consecutive transactions of one Django connection may run on different server
 sessions, so nothing may outlive a transaction. ``DATABASE_POOLER=transaction``
 (``pooled``) turns off server-side cursors (``QuerySet.iterator()`` would
-declare a cursor in one session and fetch from another) and pins psycopg's
-automatic prepared statements off (``prepare_threshold`` None, which a URL
-cannot spell). The one session-level object the app keeps, each worker's
-liveness lock (``tasks.liveness``), needs a session of its own straight to
-PostgreSQL: ``DATABASE_LIVENESS_URL`` (``liveness_settings``); with the pooler
-in transaction mode and liveness on, start-up refuses to go on without it
-(``require_direct_liveness``).
+declare a cursor in one session and fetch from another) and pins prepared
+statements off (``prepare_threshold`` None, which a URL cannot spell). Without
+it, ``pooled`` turns them on (``PREPARE_THRESHOLD``; Django's default is off):
+only the worker's hot statements use them, each prepared on its first run in a
+session (``tasks.hotpath.hot_cursor``). The one session-level object the app
+keeps, each worker's liveness lock (``tasks.liveness``), needs a session of its
+own straight to PostgreSQL: ``DATABASE_LIVENESS_URL`` (``liveness_settings``);
+with the pooler in transaction mode and liveness on, start-up refuses to go on
+without it (``require_direct_liveness``).
 
 A peer that vanishes without closing its sockets (a network partition, a host
 powered off) is invisible to TCP until it tries to send: without help a query
@@ -69,6 +71,10 @@ from django.core.exceptions import ImproperlyConfigured
 POSTGRES_SCHEMES = {"postgres", "postgresql", "pgsql", "psql"}
 DEFAULT_PORT = "5432"
 POOLERS = ("none", "session", "transaction")  # DATABASE_POOLER: what sits between the app and PostgreSQL
+# psycopg's own default. Django turns prepared statements off unless OPTIONS has a threshold; with one,
+# only the hot statements (tasks.hotpath.hot_cursor) are prepared: Django's cursors bind on the client,
+# and those never prepare, so the number itself matters to no statement here.
+PREPARE_THRESHOLD = 5
 SESSION_ATTRS = {"any", "read-write", "read-only", "primary", "standby", "prefer-standby"}
 CONNECT_TIMEOUT = 5  # seconds per host
 # Keepalive probes after 5 s of silence, every 2 s, 3 unanswered: a dead peer is given up after 11 s;
@@ -125,10 +131,12 @@ def database_settings(env: environ.Env, url: str) -> dict[str, Any]:
 def pooled(config: dict[str, Any], pooler: str) -> dict[str, Any]:
     """``config`` (a ``DATABASES`` entry) made safe behind ``pooler`` (``DATABASE_POOLER``), in place.
 
-    ``none``: a direct connection; nothing changes.
-    ``session``: a pooler in session mode; nothing changes here (the caller asks the server for no
+    ``none``: a direct connection; prepared statements allowed (``prepare_threshold``
+    ``PREPARE_THRESHOLD`` unless the URL gives one).
+    ``session``: a pooler in session mode; the same (the caller asks the server for no
     ``detect_dead_peers`` settings: ``server=False``).
-    ``transaction``: no server-side cursors, no automatic prepared statements.
+    ``transaction``: no server-side cursors, no prepared statements (``prepare_threshold`` None).
+    Not PostgreSQL: unchanged.
     """
     if pooler not in POOLERS:
         raise ImproperlyConfigured(
@@ -136,6 +144,8 @@ def pooled(config: dict[str, Any], pooler: str) -> dict[str, Any]:
             "(session or transaction: PgBouncer with pool_mode = session or transaction)"
         )
     if pooler != "transaction":
+        if config.get("ENGINE") == "django.db.backends.postgresql":
+            config.setdefault("OPTIONS", {}).setdefault("prepare_threshold", PREPARE_THRESHOLD)
         return config
     if config.get("ENGINE") != "django.db.backends.postgresql":
         raise ImproperlyConfigured("DATABASE_POOLER=transaction: DATABASE_URL must name PostgreSQL")

@@ -10,10 +10,18 @@ the statements cannot drift from the models.
 The reads (``load``, ``rows``) are compiled from a queryset instead, with stand-in values for what
 changes between calls (a task id, a step name), which are afterwards only swapped in: the queryset
 stays the one description of the read. ``runtime.compiled`` serves the worker's own reads with them.
+
+Every one of these statements goes through ``hot_cursor()``: on PostgreSQL it is sent with its values
+bound by the server and as a prepared statement of the session, so PostgreSQL parses and plans it
+once per connection instead of at every call (Django's own cursors bind on the client and cannot
+prepare). Not where psycopg's prepared statements are off (``prepare_threshold`` None:
+``DATABASE_POOLER=transaction``, ``config.dsn.pooled``), nor on SQLite: Django's cursor then.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +31,7 @@ from uuid import UUID
 
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
 from django.db.models import ForeignObjectRel, QuerySet
 from django.db.models.sql.compiler import SQLCompiler
 
@@ -42,6 +51,85 @@ def _prepared() -> dict[Any, Any]:
     if found is None:
         found = _cache[_connection()] = {}
     return found
+
+
+def hot_cursor() -> CursorWrapper:
+    """A cursor for a hot statement: Django's cursor (its error translation, its execute wrappers, its
+    query log) over a psycopg cursor that binds on the server and prepares each statement on its first
+    run, when the connection allows prepared statements; Django's own cursor otherwise.
+
+    psycopg keeps what it prepared per connection: a new connection (a reconnect, a failover, another
+    of the pool's) prepares its statements anew; one whose first run fails is prepared again on its
+    next, and a rollback makes psycopg forget (and deallocate) them all, to be prepared again."""
+    connection = _connection()
+    if connection.vendor != "postgresql":
+        return connection.cursor()
+    connection.close_if_health_check_failed()  # as connection.cursor() does
+    connection.ensure_connection()
+    raw = connection.connection
+    # The one source of truth: the connection's prepare_threshold (None behind a transaction pooler,
+    # where a statement prepared in one server session is unknown to the next one).
+    if raw.prepare_threshold is None:
+        return connection.cursor()
+    with connection.wrap_database_errors:
+        cursor = _preparing_cursor(connection, raw)
+        wrapped: CursorWrapper = connection._prepare_cursor(cursor)  # type: ignore[attr-defined]
+        return wrapped
+
+
+def _preparing_cursor(connection: BaseDatabaseWrapper, raw: Any) -> Any:
+    found = _preparing_class()(raw)
+    # As Django's create_cursor: the cursor's time zone when the connection's differs.
+    if connection.timezone != raw.adapters.get_loader(_timestamptz(), _TEXT).timezone:
+        from django.db.backends.postgresql.psycopg_any import register_tzloader
+
+        register_tzloader(connection.timezone, found)
+    return found
+
+
+_TEXT = 0  # psycopg.pq.Format.TEXT
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """A statement as Django's query log reads it from a psycopg cursor (``last_executed_query``):
+    its text, the values bound apart."""
+
+    text: str
+
+    @property
+    def query(self) -> bytes:
+        return self.text.encode()
+
+
+@functools.cache
+def _timestamptz() -> int:
+    from django.db.backends.postgresql.base import TIMESTAMPTZ_OID  # imports psycopg: PostgreSQL only
+
+    return int(TIMESTAMPTZ_OID)
+
+
+@functools.cache
+def _preparing_class() -> type:
+    """Django's server-binding cursor (``OPTIONS["server_side_binding"]``'s), preparing on the first run."""
+    import psycopg  # PostgreSQL only
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    # psycopg's Cursor named again only for the type checker: ServerBindingCursor is one already.
+    class Preparing(ServerBindingCursor, psycopg.Cursor[Any]):
+        def execute(
+            self, query: Any, params: Any = None, *, prepare: bool | None = True, **kwargs: Any
+        ) -> Any:
+            # In a pipeline, the first run's Parse goes out with its Bind and Execute, one round trip
+            # (outside one psycopg waits for the Parse's answer first); leaving it waits for the
+            # results, so the cursor holds them (its rowcount too) and an error is raised here.
+            with self.connection.pipeline():
+                super().execute(query, params, prepare=prepare, **kwargs)
+            # psycopg keeps no query of a prepared run; Django's query log reads one.
+            self._query = _Sent(query)  # type: ignore[assignment]
+            return self
+
+    return Preparing
 
 
 def _column(model: type[models.Model], name: str) -> str:
@@ -129,7 +217,7 @@ def _select(
         params[slot] = task
     for slot, n in query.text_slots:
         params[slot] = texts[n]
-    with connection.cursor() as cursor:
+    with hot_cursor() as cursor:
         cursor.execute(query.sql, params)
         if first:
             row = cursor.fetchone()
@@ -278,7 +366,7 @@ def newest_checkpoint(task_id: UUID | str) -> Stored:
     sql: str | None = prepared.get("stored_alone")
     if sql is None:
         sql = prepared["stored_alone"] = read.alone()
-    with connection.cursor() as cursor:
+    with hot_cursor() as cursor:
         cursor.execute(sql, [_task_value(task_id, connection)])
         row = cursor.fetchone()
     return Stored(None, None) if row is None else read.load(row)
@@ -372,7 +460,7 @@ def compare_and_set(
         params.append(lease[0])
     for row, (_, row_fields) in zip(inserts, inserted, strict=True):
         params += _insert_params(connection, row, row_fields)
-    with connection.cursor() as cursor:
+    with hot_cursor() as cursor:
         cursor.execute(sql, params)
         if folding:
             (moved,) = cursor.fetchone()
@@ -449,14 +537,25 @@ def _insert_statement(
     connection: BaseDatabaseWrapper, model: type[models.Model]
 ) -> tuple[str, list[models.Field[Any, Any]]]:
     """``INSERT INTO <model's table> (<every column but a generated id>) SELECT %s, …`` (without its
-    ``FROM``), and the fields whose values fill the placeholders: as ``insert`` writes a row."""
+    ``FROM``), and the fields whose values fill the placeholders: as ``insert`` writes a row.
+
+    Each placeholder is cast to its column's type: bound by the server (``hot_cursor``), a value
+    PostgreSQL is not told the type of (None, a string) would be text in a select list, and text is
+    not assigned to a uuid or jsonb column. The type without its length (``varchar``, not
+    ``varchar(64)``): a cast to the length would cut a long value short, where the column refuses it."""
     fields = [f for f in model._meta.concrete_fields if not (f.primary_key and f.db_returning)]
     columns = ", ".join(_quoted(connection, f) for f in fields)
-    placeholders = ", ".join(["%s"] * len(fields))
+    placeholders = ", ".join(f"CAST(%s AS {_unsized(f.db_type(connection))})" for f in fields)
     return (
         f"INSERT INTO {connection.ops.quote_name(model._meta.db_table)} ({columns}) SELECT {placeholders}",
         fields,
     )
+
+
+def _unsized(db_type: str | None) -> str:
+    """A column type without its length or precision: ``varchar(64)`` -> ``varchar``."""
+    assert db_type, "a concrete field has a column type"
+    return re.sub(r"\(\s*\d+\s*(,\s*\d+\s*)?\)", "", db_type)
 
 
 def _insert_params(
@@ -478,5 +577,5 @@ def insert(obj: models.Model) -> None:
         prepared[key] = (f"INSERT INTO {table} ({columns}) VALUES ({placeholders})", fields)
     sql, fields = prepared[key]
     params = _insert_params(connection, obj, fields)
-    with connection.cursor() as cursor:
+    with hot_cursor() as cursor:
         cursor.execute(sql, params)

@@ -354,7 +354,7 @@ def _run_claim(
         "pending": CancelRequest.Status.PENDING.value,
         "task": task_id,
     }
-    with connection.cursor() as cursor:
+    with hotpath.hot_cursor() as cursor:  # bound and planned once per connection (PostgreSQL)
         cursor.execute(sql, params)
         found = cursor.fetchall()
     rows: list[_ClaimRow] = []

@@ -33,8 +33,15 @@ def test_transaction_pooling_turns_off_server_side_cursors_and_prepared_statemen
     assert config["OPTIONS"] == {"sslmode": "prefer", "prepare_threshold": None}
 
 
-def test_no_pooler_changes_nothing():
-    assert dsn.pooled(dsn.database_settings(ENV, URL), "none") == ENV.db_url_config(URL)
+def test_no_pooler_or_a_session_pooler_allows_prepared_statements_and_changes_nothing_else():
+    for pooler in ("none", "session"):
+        config = dsn.pooled(dsn.database_settings(ENV, URL), pooler)
+        assert config.pop("OPTIONS") == {"prepare_threshold": dsn.PREPARE_THRESHOLD}
+        assert config == {k: v for k, v in ENV.db_url_config(URL).items() if k != "OPTIONS"}
+    given = dsn.pooled(dsn.database_settings(ENV, URL + "?prepare_threshold=0"), "none")
+    assert given["OPTIONS"] == {"prepare_threshold": 0}  # the URL's own, kept
+    sqlite = "sqlite:////tmp/x.sqlite3"
+    assert dsn.pooled(dsn.database_settings(ENV, sqlite), "none") == ENV.db_url_config(sqlite)
 
 
 def test_an_unknown_pooler_mode_is_refused_naming_the_known_ones():
@@ -107,7 +114,7 @@ def test_the_settings_read_the_pooler_and_the_liveness_url_from_the_environment(
     assert pooled.returncode == 0, pooled.stderr
     assert pooled.stdout.split()[-3:] == ["True", "None", "5432"]
     direct = _settings_with(DATABASE_URL="postgres://app@127.0.0.1:5432/app")
-    assert direct.stdout.split()[-3:] == ["False", "unset", "None"]
+    assert direct.stdout.split()[-3:] == ["False", str(dsn.PREPARE_THRESHOLD), "None"]
 
 
 def test_the_settings_refuse_to_start_with_the_liveness_lock_behind_a_transaction_pooler():
