@@ -9,7 +9,9 @@ and ``chat <model>`` (runtime.llm, GenAI conventions).
 
 Spans always get ids (the audit log records each transition's trace id); they
 are exported over OTLP/HTTP only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
-``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set.
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) is set. Without it the spans carry their
+ids and nothing else (``IdsOnlyTracerProvider``): recording the attributes,
+times and events of spans nobody exports was a twentieth of a worker's CPU.
 ``OTEL_SDK_DISABLED=true`` turns all of it off. Database spans (psycopg) are
 opt-in with ``OTEL_INSTRUMENT_DB=true``: they cost CPU on every query.
 
@@ -23,9 +25,13 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import Status
+from opentelemetry.util import types
 
 from audit.redaction import redact, redact_value
 
@@ -37,19 +43,7 @@ def configure(*, celery: bool = False) -> None:
     if _configured or os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return
     _configured = True
-    from opentelemetry import trace
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "durable-agents")})
-    )
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-        provider.add_span_processor(BatchSpanProcessor(RedactingExporter(OTLPSpanExporter())))
-    trace.set_tracer_provider(provider)
+    trace.set_tracer_provider(tracer_provider(exporting=exporting()))
 
     from django.conf import settings
     from opentelemetry.instrumentation.django import DjangoInstrumentor
@@ -77,6 +71,80 @@ def configure(*, celery: bool = False) -> None:
     from config import metrics
 
     metrics.configure()
+
+
+def exporting() -> bool:
+    """Whether spans leave this process: an OTLP endpoint is set."""
+    return bool(
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+
+
+def tracer_provider(*, exporting: bool) -> trace.TracerProvider:
+    """The SDK's provider exporting redacted spans over OTLP/HTTP; without an exporter, ids only."""
+    if not exporting:
+        return IdsOnlyTracerProvider()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "durable-agents")})
+    )
+    provider.add_span_processor(BatchSpanProcessor(RedactingExporter(OTLPSpanExporter())))
+    return provider
+
+
+SAMPLED = trace.TraceFlags(trace.TraceFlags.SAMPLED)
+
+
+class IdsOnlyTracer(trace.NoOpTracer):
+    """Spans with ids as the SDK gives them (a new trace sampled, a child in its parent's trace with
+    its flags) that record nothing: what the audit log (trace id) and a checkpoint (traceparent a
+    later run continues) need, at a fraction of the SDK span's cost."""
+
+    def __init__(self) -> None:
+        self.ids = RandomIdGenerator()
+
+    def start_span(
+        self,
+        name: str,
+        context: Context | None = None,
+        kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+        attributes: types.Attributes = None,
+        links: Sequence[trace.Link] | None = None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+    ) -> trace.Span:
+        parent = trace.get_current_span(context).get_span_context()
+        if parent.is_valid:  # the SDK's default sampler follows the parent's decision
+            trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
+        else:
+            trace_id, flags, state = (
+                self.ids.generate_trace_id(),
+                trace.TraceFlags(trace.TraceFlags.SAMPLED),
+                None,
+            )
+        span_id = self.ids.generate_span_id()
+        return trace.NonRecordingSpan(trace.SpanContext(trace_id, span_id, False, flags, state))
+
+
+class IdsOnlyTracerProvider(trace.TracerProvider):
+    """Every tracer of a process that exports no spans: ``IdsOnlyTracer``."""
+
+    def __init__(self) -> None:
+        self.tracer = IdsOnlyTracer()
+
+    def get_tracer(
+        self,
+        instrumenting_module_name: str,
+        instrumenting_library_version: str | None = None,
+        schema_url: str | None = None,
+        attributes: types.Attributes = None,
+    ) -> trace.Tracer:
+        return self.tracer
 
 
 class RedactingExporter(SpanExporter):

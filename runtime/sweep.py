@@ -7,7 +7,8 @@
 3. A parent still waiting on children that have all ended moves on (the
    last child's worker does that itself, unless it died in between).
 4. A quarantine an older deployment made over an effect key it computed in
-   another scheme, the facts unchanged, is lifted (``runtime.rollout``).
+   another scheme, the facts unchanged, is lifted (``runtime.rollout``); ``run_worker --sweep``,
+   sweeping every second, does this at beat's pace (``SWEEP_INTERVAL``).
 5. Every runnable task of the region without a live lease rings the doorbell
    again (dead leases need no separate step: an expired lease is simply not
    live). A sweep without a doorbell (``ring=None``: ``run_worker --sweep``,
@@ -143,16 +144,24 @@ def ring_for_eligible(now: datetime, ring: Ring, report: SweepReport, region: st
         report.rung += 1
 
 
-def sweep(ring: Ring | None, *, now: datetime | None = None, region: str | None = None) -> SweepReport:
+def sweep(
+    ring: Ring | None,
+    *,
+    now: datetime | None = None,
+    region: str | None = None,
+    lift_quarantines: bool = True,
+) -> SweepReport:
     """One sweep of ``region``'s tasks (default ``WORKER_REGION``). ``ring``: the doorbell for its
-    runnable unleased tasks; None when nothing listens (a polling worker), and that query is skipped."""
+    runnable unleased tasks; None when nothing listens (a polling worker), and that query is skipped.
+    ``lift_quarantines=False`` skips step 4: a worker sweeping every second lifts them at beat's pace."""
     now = now or timezone.now()
     region = region or settings.WORKER_REGION
     report = SweepReport()
     end_overdue_waits(now, report, region)
     expire_past_deadline(now, report, region)
     report.parents_woken = children.wake_waiting(region, BATCH)
-    report.quarantines_lifted = rollout.lift_key_scheme_quarantines(region, BATCH)
+    if lift_quarantines:
+        report.quarantines_lifted = rollout.lift_key_scheme_quarantines(region, BATCH)
     if ring is not None:
         ring_for_eligible(timezone.now(), ring, report, region)
     if report.waits_ended or report.expired or report.quarantines_lifted:

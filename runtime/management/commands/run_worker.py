@@ -4,7 +4,8 @@ Each round (``runtime.loop``):
 
 1. (with ``--sweep``) end overdue waits and expire late tasks of ``--region``, reconcile its unknown outcomes,
    every ``ALERT_SCAN_INTERVAL`` seconds raise and clear alerts (``runtime.alerts``), and every
-   ``ROLLUP_INTERVAL`` seconds recount the tasks per tenant and state (``runtime.rollups``);
+   ``ROLLUP_INTERVAL`` seconds recount the tasks per tenant and state (``runtime.rollups``); expire
+   approvals and lift key-scheme quarantines at beat's pace too (``Chores``);
    advance a queued bulk operation (``runtime.bulk``); and, in a thread of its own so a slow receiver
    never holds the tasks up, send the A2A push notifications due every ``A2A_PUSH_INTERVAL`` seconds
    (``runtime.pushes``; inline in the round on SQLite, which takes one writer at a time);
@@ -26,6 +27,7 @@ import argparse
 import os
 import signal
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from types import FrameType
 from typing import Any
@@ -39,6 +41,58 @@ from runtime import alerts, bulk, db, pushes, reconcile, rollups, sweep
 from runtime.loop import Loop
 from runtime.workers import worker_id
 from tasks import liveness
+
+
+class Chores:
+    """What a round does before claiming (``runtime.loop`` calls it at most every second).
+
+    Every round: the sweep's waits, deadlines and parents (a retry's backoff ends within a second),
+    the reconciler (an effect in doubt after a crash is settled as soon), bulk operations. At beat's
+    pace (``CELERY_BEAT_SCHEDULE``), no faster: approvals expire every "expire-approvals" seconds,
+    key-scheme quarantines are lifted every "sweep" seconds (``SWEEP_INTERVAL``), alerts and rollups
+    every "alerts-scan" and "rollups" seconds. Those scans find nothing nearly always, and building
+    and running their queries every second was a twentieth of a busy worker's Python time.
+    """
+
+    def __init__(self, worker: str, region: str, *, with_sweep: bool, push_inline: bool,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.worker, self.region, self.with_sweep, self.push_inline, self.clock = (
+            worker, region, with_sweep, push_inline, clock
+        )  # fmt: skip
+        schedule = settings.CELERY_BEAT_SCHEDULE
+        self.every = {
+            "pushes": settings.A2A_PUSH_INTERVAL,
+            "lift": schedule["sweep"]["schedule"],
+            "approvals": schedule["expire-approvals"]["schedule"],
+            "alerts": schedule["alerts-scan"]["schedule"],
+            "rollups": schedule["rollups"]["schedule"],
+        }
+        self.due = dict.fromkeys(self.every, 0.0)  # each runs in the first round
+
+    def _due(self, chore: str) -> bool:
+        """Whether ``chore`` is due now; if so, it is next due a beat interval from now."""
+        now = self.clock()
+        if now < self.due[chore]:
+            return False
+        self.due[chore] = now + self.every[chore]
+        return True
+
+    def __call__(self) -> int:
+        if self.push_inline and self._due("pushes"):
+            pushes.send_due()
+        if self.with_sweep:
+            # This loop polls: no doorbell (ring=None skips the sweep's eligible-task query). Only this
+            # worker's region: never another's tasks.
+            sweep.sweep(None, region=self.region, lift_quarantines=self._due("lift"))
+            reconcile.reconcile_unknown(region=self.region)
+            if self._due("approvals"):
+                approvals.expire_pending()
+            if self._due("alerts"):
+                alerts.scan()
+            if self._due("rollups"):
+                rollups.refresh()
+        # Large bulk operations (runtime.bulk) advance a budget per round, so tasks are not starved.
+        return bulk.run_pending(self.worker)
 
 
 class Command(BaseCommand):
@@ -97,31 +151,8 @@ class Command(BaseCommand):
         def should_stop() -> bool:
             return stopping or bool(max_seconds and time.monotonic() - started > max_seconds)
 
-        alerts_every = settings.CELERY_BEAT_SCHEDULE["alerts-scan"]["schedule"]
-        rollups_every = settings.CELERY_BEAT_SCHEDULE["rollups"]["schedule"]
-        alerts_due = pushes_due = rollups_due = 0.0
         sender = pushes.PushSender(me, should_stop) if with_sweep and pooled else None
-
-        def chores() -> int:
-            nonlocal alerts_due, pushes_due, rollups_due
-            if with_sweep and sender is None and time.monotonic() >= pushes_due:
-                pushes.send_due()
-                pushes_due = time.monotonic() + settings.A2A_PUSH_INTERVAL
-            if with_sweep:
-                # This loop polls: no doorbell (ring=None skips the sweep's eligible-task query). Only this
-                # worker's region: never another's tasks.
-                sweep.sweep(None, region=region)
-                reconcile.reconcile_unknown(region=region)
-                approvals.expire_pending()
-                if time.monotonic() >= alerts_due:  # beat's pace, not every round's
-                    alerts.scan()
-                    alerts_due = time.monotonic() + alerts_every
-                if time.monotonic() >= rollups_due:
-                    rollups.refresh()
-                    rollups_due = time.monotonic() + rollups_every
-            # Large bulk operations (runtime.bulk) advance a budget per round, so tasks are not starved.
-            return bulk.run_pending(me)
-
+        chores = Chores(me, region, with_sweep=with_sweep, push_inline=with_sweep and sender is None)
         loop = Loop(me, region, concurrency, ttl, idle=idle, drain=drain, chores=chores)
         self.stdout.write(f"worker {me} region={region} concurrency={concurrency} lease={lease_ttl}s")
         if sender is not None:
