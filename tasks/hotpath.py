@@ -114,9 +114,31 @@ def _preparing_class() -> type:
     """Django's server-binding cursor (``OPTIONS["server_side_binding"]``'s), preparing on the first run."""
     import psycopg  # PostgreSQL only
     from django.db.backends.postgresql.base import ServerBindingCursor
+    from psycopg import _queries
+
+    class ParsedOnce(_queries.PostgresQuery):
+        """psycopg keeps its parse of a statement's text (where its ``%s`` go) only for statements of
+        at most 50 parameters (``MAX_CACHED_STATEMENT_PARAMS``) and 4 kB: an ORM's ``IN`` lists would
+        fill its cache. A step's folded commit has more, so psycopg parsed it anew at every execute
+        (about 5 % of a worker's CPU). The hot statements are a few texts built once per process:
+        their parse is kept whatever their size."""
+
+        __slots__ = ()
+
+        def convert(self, query: Any, vars: Any) -> None:
+            if not isinstance(query, str) or vars is None:
+                return super().convert(query, vars)
+            self.query, self._want_formats, self._order, self._parts = _parsed(
+                query.encode(self._tx.encoding), self._tx.encoding
+            )
+            self.dump(vars)
+
+    _parsed = functools.lru_cache(maxsize=256)(_queries._query2pg_nocache)
 
     # psycopg's Cursor named again only for the type checker: ServerBindingCursor is one already.
     class Preparing(ServerBindingCursor, psycopg.Cursor[Any]):
+        _query_cls = ParsedOnce
+
         def execute(
             self, query: Any, params: Any = None, *, prepare: bool | None = True, **kwargs: Any
         ) -> Any:

@@ -96,3 +96,27 @@ def test_a_failing_hot_statement_raises_djangos_error_and_the_connection_goes_on
             assert cursor.rowcount == 1
         held = prepared()
     assert "SELECT $1::int + 1" in held, held
+
+
+def test_a_hot_statement_of_over_fifty_parameters_is_parsed_once(db, monkeypatch):
+    """psycopg caches its parse of a statement (where each ``%s`` goes) only up to 50 parameters; a
+    step's folded commit has more and was parsed anew at every execute. Counted at psycopg's own
+    uncached parse: the second run of the same text must not reach it."""
+    from psycopg import _queries
+
+    parses: list[bytes] = []
+    uncached = _queries._query2pg_nocache
+
+    def counted(query: bytes, encoding: str) -> object:
+        parses.append(query)
+        return uncached(query, encoding)
+
+    monkeypatch.setattr(_queries, "_query2pg_nocache", counted)
+    values = list(range(60))
+    sql = "SELECT " + " + ".join(["%s::int"] * len(values)) + " AS total"
+    with worker_connection("none"):
+        for _ in range(3):
+            with hotpath.hot_cursor() as cursor:
+                cursor.execute(sql, values)
+                assert cursor.fetchone() == (sum(values),)
+    assert len([query for query in parses if query == sql.encode()]) <= 1
