@@ -536,10 +536,34 @@ def release(lease: Held, *, hold: timedelta | None = None) -> None:
     nothing to do for a while, e.g. a cancel waiting for an effect that may
     still land, instead of claiming it again in a tight loop.
     """
-    until = Now() + hold if hold else Now()  # one statement: both columns get the same database time
     # heartbeat_at == expires_at marks a lease given up, not lapsed: the next claim is no takeover.
+    if connection.vendor == "postgresql":
+        with hotpath.hot_cursor() as cursor:
+            cursor.execute(_release_sql(), {"hold": hold or timedelta(0), "task": lease.task_id,
+                                            "token": lease.token})  # fmt: skip
+        return
+    until = Now() + hold if hold else Now()  # one statement: both columns get the same database time
     Lease.objects.filter(task_id=lease.task_id, token=lease.token).update(
         expires_at=until, heartbeat_at=until
+    )
+
+
+@functools.cache
+def _release_sql() -> str:
+    """``release``'s ``UPDATE`` on PostgreSQL, written once from the model: the ORM built it anew at
+    every call (about a third of a millisecond of a worker's CPU). Both columns take the statement's
+    time, as ``Now()`` would."""
+    quote = connection.ops.quote_name
+    meta = Lease._meta
+
+    def column(name: str) -> str:
+        return quote(meta.get_field(name).column)
+
+    until = "STATEMENT_TIMESTAMP() + %(hold)s::interval"
+    return (
+        f"UPDATE {quote(meta.db_table)}"
+        f" SET {column('expires_at')} = {until}, {column('heartbeat_at')} = {until}"
+        f" WHERE {column('task')} = %(task)s::uuid AND {column('token')} = %(token)s::bigint"
     )
 
 

@@ -288,6 +288,24 @@ def test_release_makes_the_task_claimable_at_once(acme):
     assert claim(task, "w2") == Held(task.id, "w2", 2)
 
 
+def test_a_release_with_a_hold_keeps_others_off_until_it_ends_and_is_no_lapse(acme):
+    from tests.tasks.test_claim_statement import round_trips
+
+    task = make_task(acme)
+    held = claim(task, "w1")
+    assert held is not None
+    with round_trips() as trips:
+        leases.release(held, hold=timedelta(hours=1))
+    assert trips == [1]
+    lease = Lease.objects.get(task=task)
+    # Given up (both columns the same time), an hour from the database's now: not claimable till then.
+    assert lease.heartbeat_at == lease.expires_at
+    assert timedelta(minutes=59) < lease.expires_at - timezone.now() <= timedelta(hours=1)
+    assert claim(task, "w2") is None
+    leases.end_hold(task.id)
+    assert claim(task, "w2") == Held(task.id, "w2", 2)
+
+
 def test_a_release_with_a_stale_token_does_not_free_the_new_holders_lease(acme):
     task = make_task(acme)
     old = claim(task, "w1", ttl=SHORT_TTL)
