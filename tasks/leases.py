@@ -538,9 +538,9 @@ def release(lease: Held, *, hold: timedelta | None = None) -> None:
     """
     # heartbeat_at == expires_at marks a lease given up, not lapsed: the next claim is no takeover.
     if connection.vendor == "postgresql":
+        params: dict[str, Any] = {"hold": hold or timedelta(0), "task": lease.task_id, "token": lease.token}
         with hotpath.hot_cursor() as cursor:
-            cursor.execute(_release_sql(), {"hold": hold or timedelta(0), "task": lease.task_id,
-                                            "token": lease.token})  # fmt: skip
+            cursor.execute(_release_sql(), params)
         return
     until = Now() + hold if hold else Now()  # one statement: both columns get the same database time
     Lease.objects.filter(task_id=lease.task_id, token=lease.token).update(
@@ -554,10 +554,10 @@ def _release_sql() -> str:
     every call (about a third of a millisecond of a worker's CPU). Both columns take the statement's
     time, as ``Now()`` would."""
     quote = connection.ops.quote_name
-    meta = Lease._meta
+    meta: Any = Lease._meta  # its concrete fields only: each has a column
 
     def column(name: str) -> str:
-        return quote(meta.get_field(name).column)
+        return str(quote(meta.get_field(name).column))
 
     until = "STATEMENT_TIMESTAMP() + %(hold)s::interval"
     return (
