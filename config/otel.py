@@ -122,11 +122,7 @@ class IdsOnlyTracer(trace.NoOpTracer):
         if parent.is_valid:  # the SDK's default sampler follows the parent's decision
             trace_id, flags, state = parent.trace_id, parent.trace_flags, parent.trace_state
         else:
-            trace_id, flags, state = (
-                self.ids.generate_trace_id(),
-                trace.TraceFlags(trace.TraceFlags.SAMPLED),
-                None,
-            )
+            trace_id, flags, state = self.ids.generate_trace_id(), SAMPLED, None
         span_id = self.ids.generate_span_id()
         return trace.NonRecordingSpan(trace.SpanContext(trace_id, span_id, False, flags, state))
 
